@@ -1,0 +1,1 @@
+"""Admission control and autoscaling policies driven by the task deadline-miss ratio."""

@@ -1,0 +1,1 @@
+"""The ``tailgate`` CLI, the local launcher and the configuration loader."""

@@ -1,0 +1,1 @@
+"""Benchmarks, simulator and load tests (run on purpose, printing figures)."""

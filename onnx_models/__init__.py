@@ -1,0 +1,1 @@
+"""ONNX model definitions, exported model files and pipeline specs."""

@@ -1,0 +1,69 @@
+"""Typed configuration of a task server (the ``[taskserver]`` table of tailgate.toml)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from taskserver.queues import QueuePolicy
+from taskserver.service_time import ServiceSpec
+
+
+def _default_service() -> ServiceSpec:
+    return ServiceSpec(kind="exponential", mean_ms=2.0)
+
+
+@dataclass(frozen=True, slots=True)
+class TaskServerConfig:
+    """One task server process."""
+
+    server_id: str = "ts-1"
+    """Unique id the gateway knows this server by."""
+    host: str = "127.0.0.1"
+    """Address the Thrift listener binds to."""
+    port: int = 9101
+    """Thrift port (0 picks a free one)."""
+    metrics_port: int = 0
+    """HTTP port for /metrics and /healthz (0 disables it)."""
+    policy: str = "tf-edfq"
+    """Queue discipline: tf-edfq, t-edfq, priq or fifo."""
+    slots: int = 1
+    """Tasks served concurrently (the server's cores or GPU streams)."""
+    max_queue: int = 100_000
+    """Queued tasks beyond which new ones are REJECTED."""
+    executor: str = "emulated"
+    """Task executor; `emulated` draws service times from `service`."""
+    emulation: str = "sleep"
+    """How the emulated executor spends service time: sleep or spin (burn CPU)."""
+    service: ServiceSpec = field(default_factory=_default_service)
+    """Service-time distribution of the emulated executor."""
+    seed: int | None = None
+    """Seed of the emulated service-time draws (None: random)."""
+    gateway_url: str | None = None
+    """Gateway to register with (e.g. http://127.0.0.1:8080); None: do not register."""
+    pool: str = "default"
+    """Pool this server registers into."""
+    advertise: str | None = None
+    """host:port the gateway should dial (default: host:port actually bound)."""
+    register_interval_s: float = 5.0
+    """Re-registration period; keeps the server known across gateway restarts."""
+
+    def __post_init__(self) -> None:
+        if not self.server_id or not self.server_id.strip():
+            raise ValueError("server_id: must not be empty")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port: must be 0..65535, got {self.port}")
+        if not 0 <= self.metrics_port <= 65535:
+            raise ValueError(f"metrics_port: must be 0..65535, got {self.metrics_port}")
+        valid = [p.value for p in QueuePolicy]
+        if self.policy not in valid:
+            raise ValueError(f"policy: must be one of {', '.join(valid)}, got {self.policy!r}")
+        if self.slots < 1:
+            raise ValueError(f"slots: must be >= 1, got {self.slots}")
+        if self.max_queue < 1:
+            raise ValueError(f"max_queue: must be >= 1, got {self.max_queue}")
+        if self.executor != "emulated":
+            raise ValueError(f"executor: must be 'emulated', got {self.executor!r}")
+        if self.emulation not in ("sleep", "spin"):
+            raise ValueError(f"emulation: must be 'sleep' or 'spin', got {self.emulation!r}")
+        if self.register_interval_s <= 0:
+            raise ValueError(f"register_interval_s: must be > 0, got {self.register_interval_s}")

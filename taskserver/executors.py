@@ -1,0 +1,159 @@
+"""Executors run one task's payload on a task server.
+
+Errors::
+
+    Exception
+     └── ExecutorError   the payload was invalid or its execution failed; the message is
+                         sent back to the gateway as the task's error
+
+An executor is the extension point of the task server: EmulatedExecutor here, ONNX pipelines
+and sensing queries elsewhere, all behind `Executor.execute(payload) -> bytes`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import random
+import threading
+import time
+from abc import ABC, abstractmethod
+from typing import Literal
+
+from taskserver.service_time import ServiceTimeDistribution
+
+__all__ = ["EmulatedExecutor", "Executor", "ExecutorError"]
+
+# asyncio timers fire through epoll, whose timeout has 1 ms granularity: sleep through the
+# loop until this close to the end, then yield to the loop until the exact time has come.
+_SLEEP_MARGIN_S = 0.001
+
+
+class ExecutorError(Exception):
+    """The task's payload or execution failed; the message goes back to the gateway."""
+
+
+class Executor(ABC):
+    """Runs task payloads; one instance per task server."""
+
+    name: str
+
+    @abstractmethod
+    async def execute(self, payload: bytes) -> bytes:
+        """Run one task and return its result bytes; raise ExecutorError on failure."""
+
+    async def close(self) -> None:  # noqa: B027 - an optional hook, not an abstract method
+        """Release resources; the default has none."""
+
+
+def _parse_payload(payload: bytes) -> dict:
+    if not payload:
+        return {}
+    try:
+        request = json.loads(payload)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ExecutorError(f"payload: invalid JSON: {exc}") from exc
+    if not isinstance(request, dict):
+        raise ExecutorError(f"payload: must be a JSON object, got {type(request).__name__}")
+    return request
+
+
+def _spin_until(deadline: float, cancelled: threading.Event) -> None:
+    while time.perf_counter() < deadline and not cancelled.is_set():
+        pass
+
+
+class EmulatedExecutor(Executor):
+    """Emulates a task's service time by sleeping or by burning CPU.
+
+    Payload (JSON object, b"" means {}): "service_ms" (number >= 0) fixes the service time,
+    otherwise it is drawn from the distribution; "fail" (message) makes the task fail with
+    ExecutorError after its service time; "echo" is returned as is.
+    Result: {"server": server_id, "service_ms": emulated ms rounded to µs, "echo": ...}.
+    """
+
+    name = "emulated"
+
+    def __init__(
+        self,
+        distribution: ServiceTimeDistribution,
+        *,
+        mode: Literal["sleep", "spin"] = "sleep",
+        seed: int | None = None,
+        server_id: str = "",
+    ) -> None:
+        if mode not in ("sleep", "spin"):
+            raise ValueError(f"executor mode: must be 'sleep' or 'spin', got {mode!r}")
+        self.distribution = distribution
+        self.mode = mode
+        self.server_id = server_id
+        self._rng = random.Random(seed)
+
+    async def execute(self, payload: bytes) -> bytes:
+        request = _parse_payload(payload)
+        service_ms = self._service_ms(request)
+        failure = request.get("fail")
+        if failure is not None and not isinstance(failure, str):
+            raise ExecutorError(f"payload: fail must be a string, got {failure!r}")
+        if self.mode == "sleep":
+            await _sleep_precisely(service_ms / 1000)
+        else:
+            await _spin(service_ms / 1000)
+        if failure is not None:
+            raise ExecutorError(failure)
+        result: dict[str, object] = {"server": self.server_id, "service_ms": round(service_ms, 3)}
+        if "echo" in request:
+            result["echo"] = request["echo"]
+        return json.dumps(result).encode()
+
+    def _service_ms(self, request: dict) -> float:
+        if "service_ms" not in request:
+            return self.distribution.sample_ms(self._rng)
+        value = request["service_ms"]
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+            or value < 0
+        ):
+            raise ExecutorError(f"payload: service_ms must be a number >= 0, got {value!r}")
+        return float(value)
+
+    def __repr__(self) -> str:
+        return (
+            f"EmulatedExecutor(server_id={self.server_id!r}, mode={self.mode!r}, "
+            f"distribution={self.distribution!r})"
+        )
+
+
+async def _sleep_precisely(duration_s: float) -> None:
+    """Sleep duration_s without blocking the loop, accurate to the loop's iteration time.
+
+    The bulk is an ordinary asyncio sleep, ending _SLEEP_MARGIN_S early because epoll
+    rounds timeouts to whole ms; the rest yields to the loop (sleep(0)) until perf_counter
+    reaches the end. That costs CPU for < ~1 ms but never blocks other tasks, and both parts
+    are cancellation points, so CancelledError arrives at once.
+    """
+    deadline = time.perf_counter() + duration_s
+    bulk_s = duration_s - _SLEEP_MARGIN_S
+    if bulk_s > 0:
+        await asyncio.sleep(bulk_s)
+    # A polling yield on purpose: no event marks the moment, and the margin is < ~1 ms.
+    while time.perf_counter() < deadline:  # noqa: ASYNC110
+        await asyncio.sleep(0)
+
+
+async def _spin(duration_s: float) -> None:
+    """Burn CPU for duration_s in a worker thread, so the event loop keeps accepting tasks.
+
+    The GIL is shared: the spinning thread and the loop take turns in switch-interval slices
+    (5 ms by default), so loop latency grows while a task spins, as it would with real
+    CPU-bound Python work. On cancellation the thread is told to stop at its next check.
+    """
+    deadline = time.perf_counter() + duration_s
+    cancelled = threading.Event()
+    try:
+        await asyncio.to_thread(_spin_until, deadline, cancelled)
+    finally:
+        cancelled.set()

@@ -1,0 +1,83 @@
+// Tailgate wire contract: the one IDL shared by the gateway, GPU task servers
+// and edge agents.
+//
+// Transport: one long-lived TCP connection per (gateway, task server) pair,
+// TFramedTransport + TBinaryProtocol. The connection is duplex:
+//   gateway -> server: TaskServer calls (submit/cancel are oneway, so
+//                      thousands of tasks can be outstanding on one socket);
+//   server -> gateway: TaskSink.result oneway messages on the same socket,
+//                      plus the replies to the two-way calls (status, ping).
+// A stock Thrift client with a framed binary transport can call status() and
+// ping() and send submit()/cancel(); it just never reads the result messages.
+//
+// Time: hosts share no clock. Deadlines travel as remaining budgets and
+// results carry durations, always in milliseconds (`_ms`).
+
+namespace py tailgate
+
+enum TaskStatus {
+  OK = 0,          // executed, `result` holds the payload
+  FAILED = 1,      // executor raised; `error` says why
+  CANCELLED = 2,   // removed by cancel(query_id) before or while running
+  REJECTED = 3,    // the server refused it (draining, bad payload, queue full)
+}
+
+struct Task {
+  1: required string query_id,
+  2: required i32 task_index,
+  // Remaining pre-dequeuing budget: the server's local deadline is
+  // receipt + deadline_budget_ms (TailGuard eq. (4), t_D, as a duration).
+  3: required double deadline_budget_ms,
+  // Remaining budget to t0 + SLO (the T-EDFQ key).
+  4: required double slo_budget_ms,
+  // Class priority for PRIQ: smaller is served first.
+  5: required i32 priority,
+  6: optional string class_name,
+  // Opaque task payload (JSON for the built-in executors).
+  7: optional binary payload,
+}
+
+struct TaskResult {
+  1: required string query_id,
+  2: required i32 task_index,
+  3: required TaskStatus status,
+  // Receipt -> dequeue on the server (the pre-dequeuing time spent there).
+  4: required double queue_ms,
+  // Dequeue -> executor done.
+  5: required double service_ms,
+  // Receipt -> result sent: lets the gateway split its round trip into
+  // server time and network time without shared clocks.
+  6: required double server_ms,
+  // Dequeued after its local deadline.
+  7: required bool missed_deadline,
+  8: optional binary result,
+  9: optional string error,
+}
+
+struct ServerStatus {
+  1: required string server_id,
+  2: required string policy,
+  3: required i32 slots,
+  4: required i32 busy,
+  5: required i32 queued,
+  6: required i64 tasks_done,
+  7: required i64 deadline_misses,
+  8: required bool draining,
+  9: optional string executor,
+}
+
+service TaskServer {
+  oneway void submit(1: Task task),
+  oneway void submit_batch(1: list<Task> tasks),
+  // Removes queued tasks of the query and cancels running ones; each gets a
+  // CANCELLED result.
+  oneway void cancel(1: string query_id),
+  ServerStatus status(),
+  string ping(1: string token),
+}
+
+// What the gateway receives back, on the connection that carried the task.
+service TaskSink {
+  oneway void result(1: TaskResult result),
+  oneway void result_batch(1: list<TaskResult> results),
+}

@@ -1,0 +1,282 @@
+"""The Thrift wire: framed binary messages over one duplex asyncio connection.
+
+Why not thriftpy2's own async client and server: a ``TAsyncClient`` carries
+one call at a time (thousands of outstanding tasks would need thousands of
+sockets) and its pure-Python protocol costs ~28 µs per message. Here every
+message is a standard Thrift message (TFramedTransport framing, strict
+TBinaryProtocol, encoded by thriftpy2's Cython protocol in ~3 µs), but the
+connection is duplex and multiplexed: oneway ``submit`` calls flow one way,
+oneway ``result`` messages and the replies of two-way calls flow back, and
+any number of tasks can be outstanding. A stock framed Thrift client can still
+call ``status`` and ``ping``.
+
+Errors::
+
+    WireError                 base of everything raised here
+    ├── ProtocolViolation     a peer sent bytes that are not our Thrift messages
+    └── ConnectionClosed      the connection is gone; outstanding calls fail
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import thriftpy2
+from thriftpy2.protocol.cybin import TCyBinaryProtocol
+from thriftpy2.thrift import TApplicationException, TMessageType
+from thriftpy2.transport import TCyMemoryBuffer
+
+IDL_PATH = Path(__file__).with_name("tailgate.thrift")
+MAX_FRAME_BYTES = 64 * 1024 * 1024
+_LEN = struct.Struct("!i")
+
+CALL = TMessageType.CALL
+REPLY = TMessageType.REPLY
+EXCEPTION = TMessageType.EXCEPTION
+ONEWAY = TMessageType.ONEWAY
+
+
+class WireError(Exception):
+    """Base of the wire errors."""
+
+
+class ProtocolViolation(WireError):
+    """The peer sent a frame that does not decode as one of our messages."""
+
+
+class ConnectionClosed(WireError):
+    """The connection closed while calls were outstanding."""
+
+
+@cache
+def thrift() -> ModuleType:
+    """The module generated from ``tailgate.thrift`` (loaded once, on first use)."""
+    return thriftpy2.load(str(IDL_PATH), module_name="tailgate_thrift")
+
+
+def encode_message(name: str, mtype: int, seqid: int, body: Any) -> bytes:
+    """Encode one framed Thrift message (4-byte length + binary message)."""
+    buf = TCyMemoryBuffer()
+    proto = TCyBinaryProtocol(buf)
+    proto.write_message_begin(name, mtype, seqid)
+    proto.write_struct(body)
+    proto.write_message_end()
+    data = buf.getvalue()
+    return _LEN.pack(len(data)) + data
+
+
+def decode_message(
+    frame: bytes, body_types: dict[tuple[str, int], type]
+) -> tuple[str, int, int, Any]:
+    """Decode a frame's message into (name, type, seqid, body)."""
+    proto = TCyBinaryProtocol(TCyMemoryBuffer(frame))
+    try:
+        name, mtype, seqid = proto.read_message_begin()
+        if mtype == EXCEPTION:
+            body: Any = TApplicationException()
+        else:
+            cls = body_types.get((name, mtype))
+            if cls is None:
+                raise ProtocolViolation(f"unexpected message {name!r} of type {mtype}")
+            body = cls()
+        proto.read_struct(body)
+        proto.read_message_end()
+    except ProtocolViolation:
+        raise
+    except Exception as exc:  # thriftpy2 raises assorted decode errors
+        raise ProtocolViolation(f"undecodable frame: {exc}") from exc
+    return name, mtype, seqid, body
+
+
+def server_body_types() -> dict[tuple[str, int], type]:
+    """What a task server receives: TaskServer calls (oneway or two-way)."""
+    svc = thrift().TaskServer
+    types: dict[tuple[str, int], type] = {}
+    for name in svc.thrift_services:
+        args = getattr(svc, f"{name}_args")
+        types[(name, CALL)] = args
+        types[(name, ONEWAY)] = args
+    return types
+
+
+def gateway_body_types() -> dict[tuple[str, int], type]:
+    """What the gateway receives: TaskSink messages and replies to TaskServer calls."""
+    sink, svc = thrift().TaskSink, thrift().TaskServer
+    types: dict[tuple[str, int], type] = {}
+    for name in sink.thrift_services:
+        types[(name, ONEWAY)] = getattr(sink, f"{name}_args")
+        types[(name, CALL)] = getattr(sink, f"{name}_args")
+    for name in svc.thrift_services:
+        result = getattr(svc, f"{name}_result", None)
+        if result is not None:
+            types[(name, REPLY)] = result
+    return types
+
+
+MessageHandler = Callable[[str, int, int, Any], None]
+
+
+class ThriftConnection(asyncio.Protocol):
+    """One duplex framed-Thrift connection.
+
+    Incoming messages go to ``on_message(name, type, seqid, body)``; outgoing
+    ones are queued by ``send`` and written once per event-loop iteration, so a
+    burst of tasks or results costs one syscall, not one per message.
+    """
+
+    def __init__(
+        self,
+        body_types: dict[tuple[str, int], type],
+        on_message: MessageHandler,
+        on_lost: Callable[[Exception | None], None] | None = None,
+        max_frame_bytes: int = MAX_FRAME_BYTES,
+    ) -> None:
+        self._body_types = body_types
+        self._on_message = on_message
+        self._on_lost = on_lost
+        self._max_frame = max_frame_bytes
+        self._buf = bytearray()
+        self._out: list[bytes] = []
+        self._flush_scheduled = False
+        self._paused = False
+        self._drain_waiters: list[asyncio.Future[None]] = []
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self._seqid = 0
+        self._calls: dict[int, asyncio.Future[Any]] = {}
+
+    # -- asyncio.Protocol -------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            import socket
+
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+
+    def data_received(self, data: bytes) -> None:
+        buf = self._buf
+        buf += data
+        pos = 0
+        end = len(buf)
+        try:
+            while end - pos >= 4:
+                (size,) = _LEN.unpack_from(buf, pos)
+                if size <= 0 or size > self._max_frame:
+                    raise ProtocolViolation(f"bad frame length {size}")
+                if end - pos - 4 < size:
+                    break
+                frame = bytes(buf[pos + 4 : pos + 4 + size])
+                pos += 4 + size
+                name, mtype, seqid, body = decode_message(frame, self._body_types)
+                if mtype in (REPLY, EXCEPTION):
+                    self._resolve_call(seqid, mtype, body)
+                else:
+                    self._on_message(name, mtype, seqid, body)
+        except ProtocolViolation as exc:
+            del buf[:pos]
+            self.abort(exc)
+            return
+        del buf[:pos]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._out.clear()
+        err = ConnectionClosed(f"connection lost: {exc}" if exc else "connection closed")
+        calls, self._calls = self._calls, {}
+        for fut in calls.values():
+            if not fut.done():
+                fut.set_exception(err)
+        for fut in self._drain_waiters:
+            if not fut.done():
+                fut.set_result(None)
+        self._drain_waiters.clear()
+        if self._on_lost is not None:
+            self._on_lost(exc)
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        waiters, self._drain_waiters = self._drain_waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+    # -- sending ----------------------------------------------------------
+    def send(self, name: str, mtype: int, seqid: int, body: Any) -> None:
+        """Queue one message; it is written at the end of this loop iteration."""
+        if self.closed:
+            raise ConnectionClosed("connection is closed")
+        self._out.append(encode_message(name, mtype, seqid, body))
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self.closed or self.transport is None or not self._out:
+            self._out.clear()
+            return
+        out, self._out = self._out, []
+        self.transport.write(b"".join(out) if len(out) > 1 else out[0])
+
+    async def drain(self) -> None:
+        """Wait until the transport's write buffer is below its high-water mark."""
+        if not self._paused or self.closed:
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._drain_waiters.append(fut)
+        await fut
+
+    async def call(self, name: str, args: Any, timeout_s: float) -> Any:
+        """A two-way call: send ``name`` and wait for its reply's success value."""
+        self._seqid = (self._seqid + 1) & 0x7FFFFFFF
+        seqid = self._seqid
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._calls[seqid] = fut
+        try:
+            self.send(name, CALL, seqid, args)
+            reply = await asyncio.wait_for(fut, timeout_s)
+        finally:
+            self._calls.pop(seqid, None)
+        if isinstance(reply, TApplicationException):
+            raise WireError(f"{name} failed on the peer: {reply.message}")
+        return reply.success
+
+    def _resolve_call(self, seqid: int, mtype: int, body: Any) -> None:
+        fut = self._calls.pop(seqid, None)
+        if fut is not None and not fut.done():
+            fut.set_result(body)
+
+    def reply(self, name: str, seqid: int, success: Any) -> None:
+        """Answer a two-way call received by ``on_message``."""
+        result_cls = getattr(thrift().TaskServer, f"{name}_result")
+        self.send(name, REPLY, seqid, result_cls(success=success))
+
+    def reply_error(self, name: str, seqid: int, message: str) -> None:
+        """Answer a two-way call with a Thrift application exception."""
+        exc = TApplicationException(TApplicationException.INTERNAL_ERROR, message)
+        self.send(name, EXCEPTION, seqid, exc)
+
+    def close(self) -> None:
+        """Flush what is queued and close."""
+        if self.transport is not None and not self.closed:
+            self._flush()
+            self.transport.close()
+
+    def abort(self, exc: Exception | None = None) -> None:
+        """Drop the connection at once (bad peer)."""
+        if self.transport is not None and not self.closed:
+            self.transport.abort()
