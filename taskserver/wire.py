@@ -20,6 +20,8 @@ Errors::
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 import struct
 from collections.abc import Callable
 from functools import cache
@@ -153,16 +155,11 @@ class ThriftConnection(asyncio.Protocol):
 
     # -- asyncio.Protocol -------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = transport  # type: ignore[assignment]
         sock = transport.get_extra_info("socket")
         if sock is not None:
-            import socket
-
-            try:
+            with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            except OSError:
-                pass
 
     def data_received(self, data: bytes) -> None:
         buf = self._buf

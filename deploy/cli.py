@@ -1,0 +1,290 @@
+"""The ``tailgate`` command: up, gateway, taskserver, query, config."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import signal
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Coroutine, Sequence
+from typing import Any
+
+from deploy.config import ConfigError, TailgateConfig, load_config
+
+log = logging.getLogger("tailgate")
+
+
+def run_async(main: Coroutine[Any, Any, None]) -> None:
+    """Run a service coroutine on uvloop when installed; SIGINT/SIGTERM stop it cleanly."""
+
+    async def guarded() -> None:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, task.cancel)
+        with contextlib.suppress(asyncio.CancelledError):
+            await main
+
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(guarded())
+    else:
+        uvloop.run(guarded())
+
+
+def _announce(line: str) -> None:
+    """Print the bound address on stdout once listening (scripts and tests read it)."""
+    print(line, flush=True)
+
+
+def _load(args: argparse.Namespace) -> TailgateConfig:
+    return load_config(args.config)
+
+
+def _service_overrides(args: argparse.Namespace, spec: Any) -> Any:
+    changes = {
+        name: getattr(args, f"service_{name}")
+        for name in ("kind", "mean_ms", "median_ms", "sigma", "value_ms", "path", "scale")
+        if getattr(args, f"service_{name}", None) is not None
+    }
+    if "kind" in changes and changes["kind"] != spec.kind:
+        # A new kind starts from a clean spec: the old kind's parameters do not apply.
+        return type(spec)(**changes)
+    return dataclasses.replace(spec, **changes) if changes else spec
+
+
+def _add_service_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("emulated service time")
+    g.add_argument("--service-kind", choices=["constant", "exponential", "lognormal", "quantiles"])
+    g.add_argument("--service-mean-ms", type=float)
+    g.add_argument("--service-median-ms", type=float)
+    g.add_argument("--service-sigma", type=float)
+    g.add_argument("--service-value-ms", type=float)
+    g.add_argument("--service-path", help="quantile file (one value in ms per line)")
+    g.add_argument("--service-scale", type=float, help="time scale factor")
+    g.add_argument("--emulation", choices=["sleep", "spin"])
+    g.add_argument("--seed", type=int)
+
+
+def cmd_taskserver(args: argparse.Namespace) -> int:
+    """Run one task server."""
+    from taskserver.server import serve
+    from taskserver.service_time import make_distribution
+
+    cfg = _load(args).taskserver
+    changes: dict[str, Any] = {}
+    for name, attr in (
+        ("server_id", "id"),
+        ("host", "host"),
+        ("port", "port"),
+        ("metrics_port", "metrics_port"),
+        ("policy", "policy"),
+        ("slots", "slots"),
+        ("gateway_url", "gateway"),
+        ("pool", "pool"),
+        ("advertise", "advertise"),
+        ("emulation", "emulation"),
+        ("seed", "seed"),
+    ):
+        value = getattr(args, attr, None)
+        if value is not None:
+            changes[name] = value
+    try:
+        changes["service"] = _service_overrides(args, cfg.service)
+        cfg = dataclasses.replace(cfg, **changes)
+        make_distribution(cfg.service)
+    except (ValueError, OSError) as exc:
+        print(f"tailgate taskserver: {exc}", file=sys.stderr)
+        return 2
+    run_async(serve(cfg, ready=_announce))
+    return 0
+
+
+def cmd_gateway(args: argparse.Namespace) -> int:
+    """Run the gateway."""
+    from prometheus_client import CollectorRegistry
+
+    from gateway.app import serve
+    from gateway.service import GatewayService
+
+    gw = _load(args).gateway
+    changes = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+    try:
+        gw = dataclasses.replace(gw, **changes)
+    except ValueError as exc:
+        print(f"tailgate gateway: {exc}", file=sys.stderr)
+        return 2
+    run_async(serve(GatewayService(gw, registry=CollectorRegistry()), ready=_announce))
+    return 0
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    """Gateway plus local task servers (and emulated edge agents) on this machine."""
+    from deploy.launcher import UpOptions, up
+
+    cfg = _load(args)
+    opts = UpOptions(
+        servers=args.servers,
+        edge_agents=args.edge_agents,
+        port=args.port,
+        host=args.host,
+        policy=args.policy,
+        slots=args.slots,
+        metrics=args.metrics_ports,
+    )
+    try:
+        opts.validate()
+    except ValueError as exc:
+        print(f"tailgate up: {exc}", file=sys.stderr)
+        return 2
+    run_async(up(cfg, opts))
+    return 0
+
+
+def _targets(args: argparse.Namespace) -> dict[str, Any]:
+    if args.servers:
+        return {"servers": [s for s in args.servers.split(",") if s]}
+    if args.all:
+        return {"pool": args.pool, "all": True}
+    return {"pool": args.pool, "fanout": args.fanout}
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    """Submit one query and print the answer."""
+    body: dict[str, Any] = {"targets": _targets(args)}
+    if args.slo_ms is not None:
+        body["slo"] = {"percentile": args.percentile, "latency_ms": args.slo_ms}
+    else:
+        body["class"] = args.class_name
+    if args.task:
+        try:
+            body["task"] = json.loads(args.task)
+        except ValueError as exc:
+            print(f"tailgate query: --task is not valid JSON: {exc}", file=sys.stderr)
+            return 2
+    req = urllib.request.Request(
+        args.url.rstrip("/") + "/v1/queries",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=args.timeout) as resp:
+            answer, status = json.loads(resp.read()), resp.status
+    except urllib.error.HTTPError as exc:
+        raw = exc.read()
+        try:
+            answer = json.loads(raw)
+        except ValueError:
+            answer = {"error": {"message": raw.decode("utf-8", "replace")}}
+        status = exc.code
+    except (urllib.error.URLError, OSError) as exc:
+        print(f"tailgate query: cannot reach {args.url}: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(answer, indent=2))
+    if status >= 400:
+        err = answer.get("error", {})
+        field = f" (field {err['field']})" if err.get("field") else ""
+        print(f"tailgate query: HTTP {status}: {err.get('message')}{field}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    """Validate a config file and print the effective configuration."""
+    cfg = _load(args)
+    print(json.dumps(dataclasses.asdict(cfg), indent=2, default=str))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every subcommand."""
+    parser = argparse.ArgumentParser(prog="tailgate", description=__doc__)
+    parser.add_argument(
+        "--config", help="tailgate.toml (default: $TAILGATE_CONFIG, else built-in defaults)"
+    )
+    parser.add_argument(
+        "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("up", help="gateway + local task servers + emulated edge agents")
+    p.add_argument("--servers", type=int, default=8, help="task servers in pool 'default' (8)")
+    p.add_argument(
+        "--edge-agents",
+        type=int,
+        default=0,
+        help="emulated edge agents in pool 'edge' (central queueing) (0)",
+    )
+    p.add_argument("--port", type=int, default=8080, help="gateway HTTP port (8080)")
+    p.add_argument("--host", default="127.0.0.1", help="gateway bind address (127.0.0.1)")
+    p.add_argument("--policy", default=None, help="task-server queue policy (tf-edfq)")
+    p.add_argument("--slots", type=int, default=None, help="slots per task server")
+    p.add_argument(
+        "--metrics-ports",
+        action="store_true",
+        help="give each task server a /metrics port (gateway port + 100 + i)",
+    )
+    p.set_defaults(func=cmd_up)
+
+    p = sub.add_parser("gateway", help="run the gateway")
+    p.add_argument("--host")
+    p.add_argument("--port", type=int)
+    p.set_defaults(func=cmd_gateway)
+
+    p = sub.add_parser("taskserver", help="run one task server")
+    p.add_argument("--id")
+    p.add_argument("--host")
+    p.add_argument("--port", type=int, help="Thrift port (0: any free port)")
+    p.add_argument("--metrics-port", type=int)
+    p.add_argument("--policy", choices=["tf-edfq", "t-edfq", "priq", "fifo"])
+    p.add_argument("--slots", type=int)
+    p.add_argument("--gateway", help="gateway URL to register with")
+    p.add_argument("--pool")
+    p.add_argument("--advertise", help="host:port the gateway should dial")
+    _add_service_args(p)
+    p.set_defaults(func=cmd_taskserver)
+
+    p = sub.add_parser("query", help="submit one query and print the answer")
+    p.add_argument("--url", default="http://127.0.0.1:8080")
+    p.add_argument("--class", dest="class_name", default="A")
+    p.add_argument("--slo-ms", type=float, help="explicit SLO latency instead of a class")
+    p.add_argument("--percentile", type=float, default=99.0)
+    p.add_argument("--pool", default="default")
+    p.add_argument("--fanout", type=int, default=1)
+    p.add_argument("--all", action="store_true", help="every server of the pool")
+    p.add_argument("--servers", help="comma-separated server ids")
+    p.add_argument("--task", help="task payload as JSON")
+    p.add_argument("--timeout", type=float, default=60.0)
+    p.set_defaults(func=cmd_query)
+
+    p = sub.add_parser("config", help="validate the config and print the effective values")
+    p.set_defaults(func=cmd_config)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``tailgate`` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as exc:
+        print(f"tailgate: invalid configuration: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,7 @@
+"""The gateway: HTTP API, TailGuard deadlines from online CDFs, fanout dispatch.
+
+Layout: ``cdf``/``tail``/``deadlines`` are the pure TailGuard math (CDF book,
+peaks-over-threshold tail, x_p^u and t_D); ``requests`` validates bodies;
+``links`` holds one Thrift connection per task server; ``service`` is the
+query path; ``app`` is the aiohttp shell; ``config`` the typed settings.
+"""

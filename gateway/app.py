@@ -1,0 +1,169 @@
+"""The gateway's HTTP API (aiohttp): a thin shell over GatewayService."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from gateway.errors import ApiError, BadRequest, NotFound, PayloadTooLarge
+from gateway.openapi import openapi_document
+from gateway.requests import parse_query, parse_register
+from gateway.service import GatewayService
+
+log = logging.getLogger(__name__)
+
+SERVICE_KEY: web.AppKey[GatewayService] = web.AppKey("service", GatewayService)
+
+
+def _error_response(exc: ApiError) -> web.Response:
+    return web.json_response(exc.body(), status=exc.status, headers=exc.headers)
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Every error leaves as JSON naming the problem; nothing crashes the gateway."""
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        return _error_response(exc)
+    except web.HTTPRequestEntityTooLarge as exc:
+        return _error_response(PayloadTooLarge(exc.text or "request body too large", field=""))
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status, "http_error")
+        body = {"error": {"code": code, "message": exc.reason, "field": None}}
+        return web.json_response(body, status=exc.status)
+
+
+async def _json_body(request: web.Request) -> Any:
+    raw = await request.read()
+    if not raw:
+        raise BadRequest("request body is empty; expected a JSON object", field="")
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"malformed JSON: {exc}", field="") from exc
+
+
+async def post_query(request: web.Request) -> web.Response:
+    """POST /v1/queries: fan a query out and answer with every task's outcome."""
+    service = request.app[SERVICE_KEY]
+    t0 = service.clock()
+    body = await _json_body(request)
+    req = parse_query(body, service.config)
+    answer = await service.run_query(req, t0)
+    return web.json_response(answer.body, status=answer.status, headers=answer.headers)
+
+
+async def get_servers(request: web.Request) -> web.Response:
+    """GET /v1/servers."""
+    service = request.app[SERVICE_KEY]
+    servers = [service.server_view(link) for link in service.links.values()]
+    return web.json_response({"servers": servers})
+
+
+async def post_server(request: web.Request) -> web.Response:
+    """POST /v1/servers: register (or refresh) a task server."""
+    service = request.app[SERVICE_KEY]
+    req = parse_register(await _json_body(request), service.config)
+    created, view = await service.register(req)
+    return web.json_response(view, status=201 if created else 200)
+
+
+async def delete_server(request: web.Request) -> web.Response:
+    """DELETE /v1/servers/{id}."""
+    service = request.app[SERVICE_KEY]
+    server_id = request.match_info["id"]
+    if server_id not in service.links:
+        raise NotFound(f"no server {server_id!r}", field="id")
+    await service.deregister(server_id)
+    return web.json_response({"id": server_id, "deleted": True})
+
+
+async def get_classes(request: web.Request) -> web.Response:
+    """GET /v1/classes."""
+    service = request.app[SERVICE_KEY]
+    classes = [
+        {
+            "name": c.name,
+            "percentile": c.percentile,
+            "latency_ms": c.latency_ms,
+            "priority": c.priority,
+        }
+        for c in service.config.classes
+    ]
+    return web.json_response({"classes": classes})
+
+
+async def healthz(request: web.Request) -> web.Response:
+    """GET /healthz: the gateway is serving; says how many servers are up."""
+    service = request.app[SERVICE_KEY]
+    up = sum(1 for lk in service.links.values() if lk.is_up)
+    return web.json_response({"status": "ok", "servers_up": up, "servers": len(service.links)})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    """GET /metrics in the Prometheus text format."""
+    service = request.app[SERVICE_KEY]
+    return web.Response(
+        body=generate_latest(service.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
+    )
+
+
+async def openapi(request: web.Request) -> web.Response:
+    """GET /openapi.json."""
+    return web.json_response(openapi_document())
+
+
+ROUTES: list[tuple[str, str, Any]] = [
+    ("POST", "/v1/queries", post_query),
+    ("GET", "/v1/servers", get_servers),
+    ("POST", "/v1/servers", post_server),
+    ("DELETE", "/v1/servers/{id}", delete_server),
+    ("GET", "/v1/classes", get_classes),
+    ("GET", "/healthz", healthz),
+    ("GET", "/metrics", metrics),
+    ("GET", "/openapi.json", openapi),
+]
+
+
+def create_app(service: GatewayService) -> web.Application:
+    """The aiohttp application; starts and stops the service with the app."""
+    app = web.Application(middlewares=[_errors], client_max_size=service.config.max_body_bytes)
+    app[SERVICE_KEY] = service
+    for method, path, handler in ROUTES:
+        app.router.add_route(method, path, handler)
+
+    async def lifecycle(_: web.Application) -> Any:
+        await service.start()
+        yield
+        await service.stop()
+
+    app.cleanup_ctx.append(lifecycle)
+    return app
+
+
+async def serve(service: GatewayService, ready: Callable[[str], None] | None = None) -> None:
+    """Serve the API on the configured host and port until cancelled."""
+    config = service.config
+    runner = web.AppRunner(create_app(service), access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, config.host, config.port)
+        await site.start()
+        port = runner.addresses[0][1]  # the real one when port 0 asked for any
+        url = f"http://{config.host}:{port}"
+        log.info("gateway listening on %s", url)
+        if ready is not None:
+            ready(json.dumps({"url": url}))
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()

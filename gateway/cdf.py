@@ -1,0 +1,531 @@
+"""Per-server CDFs of post-queuing time and the x_p^u solver (TailGuard §III.C).
+
+A ``LatencyCdf`` is an immutable snapshot: an empirical body (the samples at Hazen plotting
+positions, log-survival interpolated between them) up to the largest sample, and beyond it a
+generalized Pareto tail (``gateway.tail``) fitted to the top ``tail_fraction`` of the
+samples, because fanout 1000 at p99 needs F(x) = 0.99999, far beyond any window.
+
+A ``CdfBook`` keeps one row per server, or one per group of servers that share a CDF, each
+a ring-buffer window seeded with an offline prior and pushed out by online samples (TailGuard
+§III.C.2). It solves x_p^u over any multiset of servers from matrices of log F on one shared
+log-spaced grid: a gemv over coarse points finds the cell where sum_i log F_i crosses
+log(p/100), a second gemv over that cell's fine points pins it down. Two small products per
+query, whatever the fanout, and no per-server Python work beyond one dict lookup each.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from operator import itemgetter
+from typing import Literal
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from gateway.tail import GpdTail, fit_pot
+
+Estimate = Literal["empirical", "tail-model"]
+
+LOG_FLOOR = -700.0
+"""log F stored where F = 0 (below a row's smallest sample): finite, so 0 * floor = 0 for the
+rows a query does not touch, and still far below any log(p/100)."""
+GRID_TOP_SURVIVAL = 1e-7
+"""Per-task survival the grid must reach for every row: fanout 1000 at p99.99, 10^5 at p99."""
+GRID_MARGIN = 2.0
+"""Slack factor on both ends of the grid, so rows that drift online rarely force a rebuild."""
+MIN_GRID_MS = 1e-9
+"""Lowest grid point: the grid is log-spaced, so it must stay positive for zero samples."""
+COARSE_CELLS = 128
+"""Cells of the coarse grid: one gemv over rows x (cells + 1) finds the answer's cell."""
+FINE_STEPS = 32
+"""Fine steps per coarse cell: a second gemv over rows x (steps + 1) pins the answer; the
+fine spacing (~0.4% for a 15-e-fold span) bounds the error at the kinks of empirical CDFs."""
+_BLOCK_INDEX = np.arange(COARSE_CELLS)[:, None] * FINE_STEPS + np.arange(FINE_STEPS + 1)
+
+
+def _log_level(percentile: float) -> float:
+    """log(p/100) after checking that p is a percentile in (0, 100)."""
+    if isinstance(percentile, bool) or not isinstance(percentile, (int, float, np.number)):
+        raise ValueError(f"percentile must be a number in (0, 100), got {percentile!r}")
+    p = float(percentile)
+    if not (0.0 < p < 100.0):
+        raise ValueError(f"percentile must be in (0, 100) exclusive, got {percentile!r}")
+    return math.log(p / 100.0)
+
+
+def _log1mexp(log_s: np.ndarray) -> np.ndarray:
+    """log(1 - e^a) for a <= 0, accurate at both ends (Maechler 2012)."""
+    with np.errstate(divide="ignore"):
+        return np.where(
+            log_s < -math.log(2.0), np.log1p(-np.exp(log_s)), np.log(-np.expm1(log_s))
+        )
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class LatencyCdf:
+    """Immutable CDF snapshot of post-queuing times: empirical body + POT tail."""
+
+    n: int
+    """Number of samples behind the snapshot."""
+    threshold_ms: float
+    """Where the tail model takes over (the largest sample); +inf if no tail was fitted."""
+    min_ms: float
+    """Smallest sample: F is 0 below it."""
+    max_ms: float
+    """Largest sample: the end of the empirical body."""
+    tail: GpdTail | None
+    """Tail above threshold_ms (already pinned to the body there), or None."""
+    _knots_ms: np.ndarray = field(repr=False)
+    _neg_log_sf: np.ndarray = field(repr=False)
+    _mean_ms: float = field(repr=False)
+
+    @classmethod
+    def from_samples(cls, samples_ms: ArrayLike, tail_fraction: float = 0.05) -> LatencyCdf:
+        """Build a snapshot from post-queuing times in milliseconds (any order)."""
+        x = np.sort(np.asarray(samples_ms, dtype=np.float64).ravel())
+        n = x.size
+        if n == 0:
+            raise ValueError("samples_ms: need at least one sample, got none")
+        if not (np.isfinite(x[0]) and np.isfinite(x[-1])):
+            raise ValueError("samples_ms: all samples must be finite")
+        if x[0] < 0:
+            raise ValueError(f"samples_ms: latencies must be >= 0, got {x[0]}")
+        # Runs of equal values (np.unique would sort the sorted samples again).
+        starts = np.flatnonzero(np.concatenate(([True], x[1:] != x[:-1])))
+        knots = x[starts]
+        counts = np.diff(np.append(starts, n))
+        # Hazen positions F = (i - 0.5)/n, a run of ties at the middle of its jump (this is
+        # also how Tailbench's simulator reads its quantile tables: value i at bin i's centre).
+        survival = (n - np.cumsum(counts) + 0.5 * counts) / n
+        # Between samples, log P(X > x) is interpolated linearly in x: the same as a linear F
+        # in the bulk, and exact for exponential tails where the top samples are far apart.
+        neg_log_sf = -np.log(survival)
+        fitted = fit_pot(x, tail_fraction)
+        top = float(knots[-1])
+        top_survival = float(survival[-1])
+        tail = None
+        if fitted is not None and top < fitted.upper_end_ms:
+            # Empirical inside the data, model beyond it: the GPD fitted on the top
+            # tail_fraction is restarted at the largest sample, so F is continuous there.
+            tail = fitted.restarted_at(top, top_survival)
+        # Mean = integral of the survival: 1 up to the smallest sample, exponential arcs
+        # between samples, and the tail (or nothing, when F jumps to 1 at the largest sample).
+        mean = float(knots[0])
+        if knots.size > 1:
+            width = np.diff(knots)
+            drop = np.diff(neg_log_sf)
+            mean += float(np.dot(width, (survival[:-1] - survival[1:]) / drop))
+        if tail is not None:
+            mean += top_survival * tail.mean_excess_ms()
+        knots.setflags(write=False)
+        neg_log_sf.setflags(write=False)
+        return cls(
+            n=n,
+            threshold_ms=top if tail is not None else math.inf,
+            min_ms=float(knots[0]),
+            max_ms=top,
+            tail=tail,
+            _knots_ms=knots,
+            _neg_log_sf=neg_log_sf,
+            _mean_ms=mean,
+        )
+
+    def log_survival(self, x_ms: ArrayLike) -> np.ndarray:
+        """log P(X > x): 0 below the smallest sample, -inf past the body when no tail."""
+        x = np.asarray(x_ms, dtype=np.float64)
+        out = -np.atleast_1d(
+            np.interp(x, self._knots_ms, self._neg_log_sf, left=0.0, right=np.inf)
+        )
+        if self.tail is not None:
+            beyond = np.atleast_1d(x > self.threshold_ms)
+            if beyond.any():
+                out[beyond] = self.tail.log_survival(np.atleast_1d(x)[beyond])
+        return out.reshape(x.shape)
+
+    def cdf(self, x_ms: ArrayLike) -> np.ndarray:
+        """F(x): vectorized, monotone, in [0, 1]."""
+        return -np.expm1(self.log_survival(x_ms))
+
+    def log_cdf(self, x_ms: ArrayLike) -> np.ndarray:
+        """log F(x): -inf below the smallest sample, accurate near 1."""
+        return _log1mexp(self.log_survival(x_ms))
+
+    def quantile(self, q: float) -> float:
+        """Smallest x with F(x) >= q; beyond the body the tail model answers."""
+        if not (0.0 <= q <= 1.0):
+            raise ValueError(f"q must be in [0, 1], got {q!r}")
+        if q == 1.0:
+            return self.tail.upper_end_ms if self.tail is not None else self.max_ms
+        level = -math.log1p(-q)
+        if level > self._neg_log_sf[-1]:
+            if self.tail is None:
+                return self.max_ms
+            return self.tail.isf(min(math.exp(-level), self.tail.exceed_prob))
+        if level <= self._neg_log_sf[0]:
+            return self.min_ms
+        return float(np.interp(level, self._neg_log_sf, self._knots_ms))
+
+    def mean_ms(self) -> float:
+        """Mean post-queuing time under this snapshot (body plus tail)."""
+        return self._mean_ms
+
+
+@dataclass(frozen=True, slots=True)
+class Solution:
+    """x_p^u over one multiset of servers, and how it was obtained."""
+
+    unloaded_ms: float
+    """x_p^u: solves sum_i log F_i(x) = log(p/100), TailGuard eq. (1)-(2)."""
+    estimate: Estimate
+    """"tail-model" when x lies beyond the empirical body of any involved row."""
+    per_task_quantile: float
+    """(p/100)**(1/k): the per-task CDF level the fanout needs (exact when homogeneous)."""
+
+
+class _Row:
+    """One CDF row: a ring-buffer window of post-queuing times and its snapshot."""
+
+    __slots__ = ("cdf", "filled", "group", "members", "pending", "pos", "seen", "window")
+
+    def __init__(self, window: np.ndarray, filled: int, cdf: LatencyCdf, group: str | None):
+        self.window = window
+        self.filled = filled
+        self.pos = filled % window.size
+        self.seen = 0
+        self.pending = 0
+        self.cdf = cdf
+        self.group = group
+        self.members: set[str] = set()
+
+
+def _seed_window(prior_ms: ArrayLike, window_size: int) -> tuple[np.ndarray, int]:
+    """A window holding the prior, in an order that online samples push out evenly."""
+    prior = np.sort(np.asarray(prior_ms, dtype=np.float64).ravel())
+    m = prior.size
+    if m == 0:
+        raise ValueError("prior_ms: need at least one sample, got none")
+    if m > window_size:
+        # Keep the prior's distribution at the window's size: its quantiles at the Hazen
+        # positions of window_size points.
+        pos = (np.arange(window_size) + 0.5) * (m / window_size) - 0.5
+        prior = np.interp(pos, np.arange(m, dtype=np.float64), prior)
+        m = window_size
+    # Slot j gets the prior's rank of frac(j * golden ratio): any run of slots overwritten
+    # first spans the prior's quantiles evenly, so the early mix of prior and online samples
+    # is not biased towards the prior's fast or slow end.
+    order = np.argsort((np.arange(m) * 0.6180339887498949) % 1.0, kind="stable")
+    ranks = np.empty(m, dtype=np.intp)
+    ranks[order] = np.arange(m)
+    window = np.empty(window_size, dtype=np.float64)
+    window[:m] = prior[ranks]
+    return window, m
+
+
+class CdfBook:
+    """Per-server online windows of post-queuing times and the x_p^u solver (TailGuard §III.C)."""
+
+    def __init__(
+        self, *, window_size: int = 4096, refresh_every: int = 64, tail_fraction: float = 0.05
+    ) -> None:
+        if window_size < 1:
+            raise ValueError(f"window_size: must be >= 1, got {window_size}")
+        if refresh_every < 1:
+            raise ValueError(f"refresh_every: must be >= 1, got {refresh_every}")
+        if not (0.0 < tail_fraction < 1.0):
+            raise ValueError(f"tail_fraction: must be in (0, 1), got {tail_fraction}")
+        self._window_size = window_size
+        self._refresh_every = refresh_every
+        self._tail_fraction = tail_fraction
+        self._version = 0
+        self._slot_of: dict[str, int] = {}
+        self._group_slot: dict[str, int] = {}
+        self._rows: list[_Row | None] = []
+        self._free: list[int] = []
+        self._capacity = 0
+        # log F of every row on one shared log-spaced grid of COARSE_CELLS * FINE_STEPS + 1
+        # points, stored twice: the coarse points (rows x cells+1) to bracket the answer, and
+        # per coarse cell a block of its fine points (cells x rows x steps+1) to pin it down.
+        # float32 halves the bytes each per-query gemv reads; 7 digits are plenty to bracket.
+        self._grid_ms = np.empty(0)
+        self._log_grid = np.empty(0)
+        self._coarse = np.zeros((0, COARSE_CELLS + 1), dtype=np.float32)
+        self._blocks = np.zeros((COARSE_CELLS, 0, FINE_STEPS + 1), dtype=np.float32)
+        self._threshold_ms = np.empty(0)
+        self._sup_ms = np.empty(0)
+
+    # ----- registration -------------------------------------------------------------------
+
+    def add_server(
+        self, server_id: str, prior_ms: ArrayLike | None = None, *, group: str | None = None
+    ) -> None:
+        """Register a server with its own prior row, or as a member of a shared group row."""
+        if not isinstance(server_id, str) or not server_id:
+            raise ValueError(f"server_id must be a non-empty string, got {server_id!r}")
+        old = self._slot_of.get(server_id)
+        if group is not None and group in self._group_slot:
+            # The group's row keeps what it has learned; a prior passed again is not used.
+            slot = self._group_slot[group]
+        else:
+            if prior_ms is None:
+                who = f"group {group!r}" if group is not None else f"server {server_id!r}"
+                raise ValueError(f"prior_ms is required for the first registration of {who}")
+            slot = self._new_row(prior_ms, group)
+        if old is not None and old != slot:
+            self._detach(server_id, old)
+        self._slot_of[server_id] = slot
+        self._live_row(slot).members.add(server_id)
+        self._version += 1
+
+    def remove_server(self, server_id: str) -> None:
+        """Deregister a server; a group's row stays while any member remains."""
+        slot = self._slot_of.pop(server_id, None)
+        if slot is None:
+            raise KeyError(f"unknown server id {server_id!r}")
+        self._detach(server_id, slot)
+        self._version += 1
+
+    def has_server(self, server_id: str) -> bool:
+        """Whether the server is registered."""
+        return server_id in self._slot_of
+
+    # ----- online updates -----------------------------------------------------------------
+
+    def observe(self, server_id: str, post_queue_ms: float) -> None:
+        """Record one post-queuing time; unknown servers are ignored (late results)."""
+        slot = self._slot_of.get(server_id)
+        if slot is None:
+            return
+        if not (0.0 <= post_queue_ms < math.inf):
+            raise ValueError(f"post_queue_ms must be finite and >= 0, got {post_queue_ms!r}")
+        row = self._live_row(slot)
+        row.window[row.pos] = post_queue_ms
+        row.pos += 1
+        if row.pos == row.window.size:
+            row.pos = 0
+        if row.filled < row.window.size:
+            row.filled += 1
+        row.seen += 1
+        row.pending += 1
+        # TailGuard §III.C.2 updates F_l online; rebuilding the snapshot every refresh_every
+        # samples (not per sample) keeps this hot path O(1) amortised.
+        if row.pending >= self._refresh_every:
+            row.pending = 0
+            row.cdf = LatencyCdf.from_samples(row.window[: row.filled], self._tail_fraction)
+            self._install(slot)
+            self._version += 1
+
+    @property
+    def version(self) -> int:
+        """Increments whenever any row's CDF snapshot or the server mapping changes."""
+        return self._version
+
+    def cdf_of(self, server_id: str) -> LatencyCdf:
+        """The current CDF snapshot of the server's row."""
+        return self._row_of(server_id).cdf
+
+    def samples_seen(self, server_id: str) -> int:
+        """Online samples observed for the server's row (shared by its group)."""
+        return self._row_of(server_id).seen
+
+    # ----- solving ------------------------------------------------------------------------
+
+    def solve(self, server_ids: Sequence[str], percentile: float) -> Solution:
+        """x_p^u over exactly these servers (a multiset): TailGuard eq. (1)-(2)."""
+        log_level = _log_level(percentile)
+        rows = self._rows_of(server_ids)
+        k = rows.size
+        per_task = math.exp(log_level / k)
+        first = int(rows[0])
+        counts = None
+        if k * 8 < self._capacity:
+            homogeneous = k == 1 or rows.min() == rows.max()
+        else:
+            counts = np.bincount(rows, minlength=self._capacity)
+            homogeneous = counts[first] == k
+        if homogeneous:
+            # One distinct row: F^k = p/100 has the closed form F^{-1}((p/100)^(1/k)).
+            cdf = self._live_row(first).cdf
+            x = cdf.quantile(per_task)
+            return Solution(x, "tail-model" if x > cdf.threshold_ms else "empirical", per_task)
+        if counts is None:
+            # Few servers among many rows: gather their rows rather than a gemv over all.
+            sums = self._coarse[rows].sum(axis=0)
+        else:
+            # One gemv handles repeated servers and shared group rows alike.
+            counts = counts.astype(np.float32)
+            sums = counts @ self._coarse
+        cell = int(np.searchsorted(sums, log_level, side="left"))
+        if cell > COARSE_CELLS:
+            x = self._solve_beyond_grid(rows, log_level)
+        elif cell == 0:
+            # Only for p/100 below e^-700: every involved row has F = 0 at the grid's foot.
+            x = float(self._grid_ms[0])
+        else:
+            block = self._blocks[cell - 1]
+            fine = block[rows].sum(axis=0) if counts is None else counts @ block
+            # The block's end points are the coarse ones; clamp in case rounding differs.
+            step = min(max(int(np.searchsorted(fine, log_level, side="left")), 1), FINE_STEPS)
+            x = self._interpolate(fine, step, (cell - 1) * FINE_STEPS + step, log_level)
+            if fine[step] == 0.0:
+                # Every involved row reached F = 1 (rows without a tail jump to 1 at their
+                # largest sample, which is then the exact answer).
+                x = min(x, float(self._sup_ms[rows].max()))
+        tail_model = x > float(self._threshold_ms[rows].min())
+        return Solution(x, "tail-model" if tail_model else "empirical", per_task)
+
+    def composition_key(self, server_ids: Sequence[str]) -> bytes:
+        """Bytes naming the multiset of CDF rows behind these servers (valid for one version)."""
+        rows = self._rows_of(server_ids)
+        if rows.size * 16 < self._capacity:
+            return b"s" + np.sort(rows).astype(np.int32).tobytes()
+        return b"c" + np.bincount(rows, minlength=self._capacity).astype(np.int32).tobytes()
+
+    # ----- internals ----------------------------------------------------------------------
+
+    def _live_row(self, slot: int) -> _Row:
+        row = self._rows[slot]
+        if row is None:
+            raise AssertionError(f"slot {slot} is mapped but holds no row")
+        return row
+
+    def _row_of(self, server_id: str) -> _Row:
+        slot = self._slot_of.get(server_id)
+        if slot is None:
+            raise KeyError(f"unknown server id {server_id!r}")
+        return self._live_row(slot)
+
+    def _rows_of(self, server_ids: Sequence[str]) -> np.ndarray:
+        if isinstance(server_ids, str):
+            raise TypeError("server_ids must be a sequence of ids, not one string")
+        n = len(server_ids)
+        if n == 0:
+            raise ValueError("server_ids is empty: a query needs at least one server")
+        try:
+            if n == 1:
+                return np.array([self._slot_of[server_ids[0]]], dtype=np.intp)
+            # itemgetter does the n dict lookups in C; fromiter unboxes the tuple (the two
+            # together are ~20% faster than fromiter over map(dict.__getitem__)).
+            return np.fromiter(itemgetter(*server_ids)(self._slot_of), np.intp, count=n)
+        except KeyError as exc:
+            raise KeyError(f"unknown server id {exc.args[0]!r}") from None
+
+    def _new_row(self, prior_ms: ArrayLike, group: str | None) -> int:
+        window, filled = _seed_window(prior_ms, self._window_size)
+        cdf = LatencyCdf.from_samples(window[:filled], self._tail_fraction)
+        row = _Row(window, filled, cdf, group)
+        if self._free:
+            slot = self._free.pop()
+            self._rows[slot] = row
+        else:
+            slot = len(self._rows)
+            self._rows.append(row)
+            if slot >= self._capacity:
+                self._grow(max(8, slot + slot // 2))
+        if group is not None:
+            self._group_slot[group] = slot
+        self._install(slot)
+        return slot
+
+    def _detach(self, server_id: str, slot: int) -> None:
+        row = self._live_row(slot)
+        row.members.discard(server_id)
+        if row.members:
+            return
+        if row.group is not None:
+            del self._group_slot[row.group]
+        self._rows[slot] = None
+        self._free.append(slot)
+        # A free slot must add 0 to counts @ L and never win a min or max.
+        self._coarse[slot] = 0.0
+        self._blocks[:, slot, :] = 0.0
+        self._threshold_ms[slot] = math.inf
+        self._sup_ms[slot] = -math.inf
+
+    def _grow(self, capacity: int) -> None:
+        """Room for `capacity` rows in L and its side arrays; new slots are empty."""
+        extra = capacity - self._capacity
+        self._coarse = np.concatenate(
+            [self._coarse, np.zeros((extra, COARSE_CELLS + 1), dtype=np.float32)]
+        )
+        self._blocks = np.concatenate(
+            [self._blocks, np.zeros((COARSE_CELLS, extra, FINE_STEPS + 1), dtype=np.float32)],
+            axis=1,
+        )
+        self._threshold_ms = np.concatenate([self._threshold_ms, np.full(extra, math.inf)])
+        self._sup_ms = np.concatenate([self._sup_ms, np.full(extra, -math.inf)])
+        self._capacity = capacity
+
+    @staticmethod
+    def _span_ms(cdf: LatencyCdf) -> tuple[float, float]:
+        """Range the grid must cover for a row: its F = 0 foot to its 1 - 1e-7 level."""
+        return max(cdf.min_ms, MIN_GRID_MS), cdf.quantile(1.0 - GRID_TOP_SURVIVAL)
+
+    def _install(self, slot: int) -> None:
+        """Put a row's fresh snapshot into L, rebuilding the grid if the row outgrew it."""
+        lo, hi = self._span_ms(self._live_row(slot).cdf)
+        if self._grid_ms.size == 0 or lo <= self._grid_ms[0] or hi > self._grid_ms[-1]:
+            self._rebuild_grid()
+        else:
+            self._fill(slot)
+
+    def _fill(self, slot: int) -> None:
+        cdf = self._live_row(slot).cdf
+        log_f = np.maximum(cdf.log_cdf(self._grid_ms), LOG_FLOOR)
+        self._coarse[slot] = log_f[::FINE_STEPS]
+        self._blocks[:, slot, :] = log_f[_BLOCK_INDEX]
+        self._threshold_ms[slot] = cdf.threshold_ms
+        self._sup_ms[slot] = cdf.max_ms if cdf.tail is None else math.inf
+
+    def _rebuild_grid(self) -> None:
+        """Lay a fresh grid over every live row's span (rare: a row outgrew the grid)."""
+        spans = [self._span_ms(row.cdf) for row in self._rows if row is not None]
+        lo = min(s[0] for s in spans) / GRID_MARGIN
+        hi = max(max(s[1] for s in spans), lo * GRID_MARGIN**2) * GRID_MARGIN
+        self._grid_ms = np.geomspace(lo, hi, COARSE_CELLS * FINE_STEPS + 1)
+        self._log_grid = np.log(self._grid_ms)
+        for slot, row in enumerate(self._rows):
+            if row is not None:
+                self._fill(slot)
+
+    def _interpolate(self, fine: np.ndarray, step: int, point: int, log_level: float) -> float:
+        """x between grid[point - 1] and grid[point], where the sums cross log_level."""
+        s0 = float(fine[step - 1])
+        s1 = float(fine[step])
+        if s0 >= log_level:
+            return float(self._grid_ms[point - 1])
+        if s1 < 0.0:
+            # Interpolate log(-sum) in log x: exact for power-law tails and nearly so for
+            # exponential ones, where -sum ~ k P(X > x) falls by decades over the grid.
+            w0 = math.log(-s0)
+            frac = (w0 - math.log(-log_level)) / (w0 - math.log(-s1))
+        else:
+            frac = (log_level - s0) / (s1 - s0)
+        frac = min(max(frac, 0.0), 1.0)
+        y0 = self._log_grid[point - 1]
+        return math.exp(y0 + frac * (self._log_grid[point] - y0))
+
+    def _solve_beyond_grid(self, rows: np.ndarray, log_level: float) -> float:
+        """Bisection on the exact CDFs above the grid (fanouts far beyond 10^4 at p99)."""
+        slots, counts = np.unique(rows, return_counts=True)
+        cdfs = [self._live_row(s).cdf for s in slots.tolist()]
+
+        def total(x_ms: float) -> float:
+            return sum(
+                float(c) * float(f.log_cdf(x_ms)) for c, f in zip(counts, cdfs, strict=True)
+            )
+
+        lo_ms = float(self._grid_ms[-1])
+        hi_ms = lo_ms * 2.0
+        while total(hi_ms) < log_level and hi_ms < 1e300:
+            lo_ms, hi_ms = hi_ms, hi_ms * 2.0
+        for _ in range(200):
+            mid = math.sqrt(lo_ms * hi_ms)
+            if total(mid) < log_level:
+                lo_ms = mid
+            else:
+                hi_ms = mid
+            if hi_ms - lo_ms <= 1e-12 * hi_ms:
+                break
+        return hi_ms

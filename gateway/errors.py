@@ -1,0 +1,90 @@
+"""Errors the gateway answers with, each mapped to one HTTP status.
+
+::
+
+    ApiError                  {"error": {"code", "message", "field"}}
+    ├── BadRequest            400: the body or a parameter is invalid (names the field)
+    ├── Unauthorized          401
+    ├── NotFound              404
+    ├── PayloadTooLarge       413
+    ├── SloUnreachableError   422: the SLO is below the unloaded p-th latency
+    └── Unavailable           503: no server can take the query now (Retry-After)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ApiError(Exception):
+    """An error answer: HTTP status, machine code, message and the field at fault."""
+
+    status = 500
+    code = "internal"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        field: str | None = None,
+        code: str | None = None,
+        extra: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+        if code is not None:
+            self.code = code
+        self.extra = extra or {}
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        """The JSON body of the answer."""
+        out: dict[str, Any] = {
+            "error": {"code": self.code, "message": self.message, "field": self.field}
+        }
+        out.update(self.extra)
+        return out
+
+
+class BadRequest(ApiError):
+    """400."""
+
+    status = 400
+    code = "invalid_request"
+
+
+class Unauthorized(ApiError):
+    """401."""
+
+    status = 401
+    code = "unauthorized"
+
+
+class NotFound(ApiError):
+    """404."""
+
+    status = 404
+    code = "not_found"
+
+
+class PayloadTooLarge(ApiError):
+    """413."""
+
+    status = 413
+    code = "payload_too_large"
+
+
+class SloUnreachableError(ApiError):
+    """422."""
+
+    status = 422
+    code = "slo_unreachable"
+
+
+class Unavailable(ApiError):
+    """503."""
+
+    status = 503
+    code = "unavailable"

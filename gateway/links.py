@@ -1,0 +1,306 @@
+"""One link per task server: a duplex Thrift connection, its heartbeat and its tasks.
+
+In ``server`` queueing a task goes out at once with its remaining budgets; in
+``central`` queueing the link holds the server's policy queue and sends a task
+only when the server has a free slot (TailGuard Fig. 2: the queue may sit in
+the query handler). Whatever happens to the connection, every outstanding
+task gets an outcome: a result, or a failure the moment the link is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from taskserver.queues import QueuedTask, create_task_queue
+from taskserver.wire import (
+    ONEWAY,
+    ThriftConnection,
+    WireError,
+    gateway_body_types,
+    thrift,
+)
+
+log = logging.getLogger(__name__)
+
+
+class LinkDown(Exception):
+    """The server is not connected; the task cannot be sent."""
+
+
+@dataclass(slots=True, eq=False)
+class PendingTask:
+    """A task of a running query, from dispatch until its outcome."""
+
+    run: Any  # gateway.queries.QueryRun
+    index: int
+    server_id: str
+    deadline_s: float
+    """Gateway-local t_D = t0 + T_b (TailGuard eq. (4))."""
+    slo_deadline_s: float
+    """Gateway-local t0 + SLO (the T-EDFQ key)."""
+    priority: int
+    class_name: str
+    payload: bytes
+    enqueued_s: float = 0.0
+    sent_s: float = 0.0
+    gateway_queue_ms: float = 0.0
+    """Central queueing: time spent in the gateway's queue for this server."""
+    missed_deadline: bool | None = None
+    """Central queueing: decided at the gateway's dequeue; None: the server decides."""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+ResultCallback = Callable[["ServerLink", PendingTask, Any, float], None]
+FailureCallback = Callable[["ServerLink", PendingTask, str, str], None]
+
+
+class ServerLink:
+    """The gateway's connection to one task server."""
+
+    def __init__(
+        self,
+        server_id: str,
+        host: str,
+        port: int,
+        *,
+        pool: str,
+        slots: int = 1,
+        central: bool = False,
+        policy: str = "tf-edfq",
+        on_result: ResultCallback,
+        on_failure: FailureCallback,
+        clock: Callable[[], float] = time.perf_counter,
+        heartbeat_s: float = 1.0,
+        heartbeat_timeout_s: float = 3.0,
+    ) -> None:
+        self.server_id = server_id
+        self.host = host
+        self.port = port
+        self.pool = pool
+        self.slots = slots
+        self.central = central
+        self.on_result = on_result
+        self.on_failure = on_failure
+        self.clock = clock
+        self.heartbeat_s = heartbeat_s
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.state = "connecting"
+        self.last_error = ""
+        self.outstanding: dict[str, PendingTask] = {}
+        self.queue = create_task_queue(policy) if central else None
+        self.inflight = 0
+        self.one_way_ms = 0.0
+        """Estimated dispatch delay (half the ping round trip, smoothed)."""
+        self.rtt_ms: float | None = None
+        self.tasks_sent = 0
+        self.results = 0
+        self._conn: ThriftConnection | None = None
+        self._runner: asyncio.Task[None] | None = None
+        self._closing = False
+        self._up = asyncio.Event()
+        self._t = thrift()
+        self._types = gateway_body_types()
+
+    @property
+    def address(self) -> str:
+        """host:port of the server."""
+        return f"{self.host}:{self.port}"
+
+    @property
+    def is_up(self) -> bool:
+        """Connected and answering heartbeats."""
+        return self.state == "up"
+
+    # -- lifecycle ------------------------------------------------------
+    def start(self) -> None:
+        """Connect in the background and keep reconnecting until closed."""
+        if self._runner is None:
+            self._runner = asyncio.get_running_loop().create_task(self._run())
+
+    async def wait_up(self, timeout_s: float) -> bool:
+        """Wait until connected; False on timeout."""
+        try:
+            await asyncio.wait_for(self._up.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    async def close(self, reason: str = "server deregistered") -> None:
+        """Stop the link and fail whatever it still holds."""
+        self._closing = True
+        if self._runner is not None:
+            self._runner.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._runner
+        if self._conn is not None:
+            self._conn.close()
+        self._fail_all("lost", reason)
+        self.state = "closed"
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        backoff_s = 0.05
+        while not self._closing:
+            try:
+                _, conn = await asyncio.wait_for(
+                    loop.create_connection(
+                        lambda: ThriftConnection(self._types, self._on_message, self._on_lost),
+                        self.host,
+                        self.port,
+                    ),
+                    self.heartbeat_timeout_s,
+                )
+            except (TimeoutError, OSError) as exc:
+                self.state = "down"
+                self.last_error = f"connect failed: {exc or type(exc).__name__}"
+                await asyncio.sleep(backoff_s)
+                backoff_s = min(backoff_s * 2, 2.0)
+                continue
+            self._conn = conn
+            backoff_s = 0.05
+            await self._heartbeat(conn)
+
+    async def _heartbeat(self, conn: ThriftConnection) -> None:
+        args = self._t.TaskServer.ping_args(token="hb")
+        first = True
+        while not conn.closed:
+            start = self.clock()
+            try:
+                await conn.call("ping", args, self.heartbeat_timeout_s)
+            except (TimeoutError, WireError) as exc:
+                if not conn.closed:
+                    self.last_error = f"heartbeat failed: {exc or 'timeout'}"
+                    log.warning("server %s: %s", self.server_id, self.last_error)
+                    conn.abort()
+                    self._on_lost(None)
+                return
+            rtt_ms = (self.clock() - start) * 1000.0
+            self.rtt_ms = rtt_ms if self.rtt_ms is None else 0.8 * self.rtt_ms + 0.2 * rtt_ms
+            self.one_way_ms = self.rtt_ms / 2.0
+            if first:
+                first = False
+                self.state = "up"
+                self.last_error = ""
+                self._up.set()
+                self._pump()
+            await asyncio.sleep(self.heartbeat_s)
+
+    def _on_lost(self, exc: Exception | None) -> None:
+        if self.state == "closed":
+            return
+        self.state = "down"
+        self._up.clear()
+        if exc is not None:
+            self.last_error = f"connection lost: {exc}"
+        elif not self.last_error:
+            self.last_error = "connection closed by server"
+        self._fail_all("lost", f"connection to server {self.server_id} lost")
+
+    def _fail_all(self, status: str, reason: str) -> None:
+        pending = list(self.outstanding.values())
+        self.outstanding.clear()
+        if self.queue is not None:
+            self.queue.drain()
+        self.inflight = 0
+        for p in pending:
+            self.on_failure(self, p, status, reason)
+
+    # -- tasks ----------------------------------------------------------
+    def dispatch(self, p: PendingTask) -> None:
+        """Send a task now (server queueing) or queue it here (central queueing)."""
+        if self.state != "up" or self._conn is None or self._conn.closed:
+            raise LinkDown(f"server {self.server_id} is {self.state}: {self.last_error}")
+        qid = p.run.query_id
+        self.outstanding[qid] = p
+        if self.queue is None:
+            self._send(p, self.clock())
+            return
+        now = self.clock()
+        p.enqueued_s = now
+        self.queue.push(
+            QueuedTask(
+                query_id=qid,
+                task_index=p.index,
+                deadline_s=p.deadline_s,
+                slo_deadline_s=p.slo_deadline_s,
+                priority=p.priority,
+                arrival_s=now,
+                item=p,
+            )
+        )
+        self._pump()
+
+    def _pump(self) -> None:
+        if self.queue is None or self.state != "up":
+            return
+        while self.inflight < self.slots:
+            now = self.clock()
+            dq = self.queue.pop(now)
+            if dq is None:
+                return
+            p: PendingTask = dq.task.item
+            # Central queueing: the miss is known here, at the dequeue (TailGuard §III.D).
+            p.missed_deadline = dq.missed_deadline
+            p.gateway_queue_ms = dq.wait_s * 1000.0
+            self.inflight += 1
+            self._send(p, now)
+
+    def _send(self, p: PendingTask, now: float) -> None:
+        assert self._conn is not None
+        # Budgets are durations; the dispatch delay is spent before the server sees them.
+        task = self._t.Task(
+            query_id=p.run.query_id,
+            task_index=p.index,
+            deadline_budget_ms=(p.deadline_s - now) * 1000.0 - self.one_way_ms,
+            slo_budget_ms=(p.slo_deadline_s - now) * 1000.0 - self.one_way_ms,
+            priority=p.priority,
+            class_name=p.class_name,
+            payload=p.payload,
+        )
+        p.sent_s = now
+        self.tasks_sent += 1
+        self._conn.send("submit", ONEWAY, 0, self._t.TaskServer.submit_args(task=task))
+
+    def cancel_query(self, query_id: str) -> None:
+        """Forget the query's task here and cancel it on the server."""
+        p = self.outstanding.pop(query_id, None)
+        if p is None:
+            return
+        if self.queue is not None:
+            if self.queue.remove_query(query_id):
+                return  # still in our queue: the server never saw it
+            self.inflight -= 1
+        if self._conn is not None and not self._conn.closed:
+            self._conn.send("cancel", ONEWAY, 0, self._t.TaskServer.cancel_args(query_id=query_id))
+        self._pump()
+
+    async def status(self, timeout_s: float = 2.0) -> Any:
+        """The server's ServerStatus (a two-way call)."""
+        if self._conn is None or self._conn.closed:
+            raise LinkDown(f"server {self.server_id} is {self.state}")
+        return await self._conn.call("status", self._t.TaskServer.status_args(), timeout_s)
+
+    def _on_message(self, name: str, mtype: int, seqid: int, body: Any) -> None:
+        if name == "result":
+            self._on_task_result(body.result)
+        elif name == "result_batch":
+            for r in body.results or ():
+                self._on_task_result(r)
+
+    def _on_task_result(self, r: Any) -> None:
+        p = self.outstanding.get(r.query_id)
+        if p is None or p.index != r.task_index:
+            return  # the query already ended (failed, timed out, or cancelled)
+        del self.outstanding[r.query_id]
+        now = self.clock()
+        self.results += 1
+        if self.queue is not None:
+            self.inflight -= 1
+            self._pump()
+        self.on_result(self, p, r, now)

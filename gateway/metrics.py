@@ -1,0 +1,106 @@
+"""Prometheus metrics of the gateway (always on an injected registry)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+QUERY_BUCKETS_S = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
+
+
+def fanout_bucket(k: int) -> str:
+    """Label value for a fanout: 1, 2-9, 10-99, 100-999, 1000+."""
+    if k == 1:
+        return "1"
+    if k < 10:
+        return "2-9"
+    if k < 100:
+        return "10-99"
+    if k < 1000:
+        return "100-999"
+    return "1000+"
+
+
+class _ServersCollector(Collector):
+    def __init__(self, snapshot: Callable[[], Iterable[tuple[str, str]]]) -> None:
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        fam = GaugeMetricFamily(
+            "tailgate_servers",
+            "Registered task servers by pool and state.",
+            labels=["pool", "state"],
+        )
+        counts: dict[tuple[str, str], int] = {}
+        for pool, state in self._snapshot():
+            counts[(pool, state)] = counts.get((pool, state), 0) + 1
+        for (pool, state), n in sorted(counts.items()):
+            fam.add_metric([pool, state], n)
+        yield fam
+
+
+class GatewayMetrics:
+    """The gateway's first set of metrics."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.queries = Counter(
+            "tailgate_queries_total",
+            "Queries answered, by class and outcome "
+            "(met, missed_slo, failed, timeout, rejected, unreachable).",
+            ["class", "outcome"],
+            registry=registry,
+        )
+        self.query_latency = Histogram(
+            "tailgate_query_latency_seconds",
+            "Query latency from arrival to the last task result.",
+            ["class", "fanout"],
+            buckets=QUERY_BUCKETS_S,
+            registry=registry,
+        )
+        self.tasks = Counter(
+            "tailgate_tasks_total",
+            "Task outcomes seen by the gateway.",
+            ["pool", "status"],
+            registry=registry,
+        )
+        self.deadline_misses = Counter(
+            "tailgate_task_deadline_misses_total",
+            "Tasks dequeued after their deadline t_D.",
+            ["class", "pool"],
+            registry=registry,
+        )
+        self.unloaded_latency = Gauge(
+            "tailgate_unloaded_latency_seconds",
+            "Latest x_p^u(k_f) computed for a class and fanout bucket.",
+            ["class", "fanout"],
+            registry=registry,
+        )
+        self.inflight = Gauge(
+            "tailgate_queries_inflight",
+            "Queries dispatched and not yet answered.",
+            registry=registry,
+        )
+
+    def bind_servers(self, snapshot: Callable[[], Iterable[tuple[str, str]]]) -> None:
+        """Export the server registry's (pool, state) pairs at scrape time."""
+        self.registry.register(_ServersCollector(snapshot))

@@ -1,0 +1,246 @@
+"""The OpenAPI 3.1 document of the gateway's HTTP API (GET /openapi.json)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+_ERROR = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["code", "message", "field"],
+            "properties": {
+                "code": {"type": "string"},
+                "message": {"type": "string"},
+                "field": {"type": ["string", "null"], "description": "path of the field at fault"},
+            },
+        }
+    },
+}
+
+_TARGETS = {
+    "type": "object",
+    "description": "Either explicit servers, or a pool with a fanout (k random servers) or all.",
+    "properties": {
+        "servers": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+        "pool": {"type": "string"},
+        "fanout": {"type": "integer", "minimum": 1},
+        "all": {"type": "boolean"},
+    },
+    "additionalProperties": False,
+}
+
+_QUERY = {
+    "type": "object",
+    "required": ["targets"],
+    "properties": {
+        "class": {"type": "string", "description": "a configured class (GET /v1/classes)"},
+        "slo": {
+            "type": "object",
+            "required": ["percentile", "latency_ms"],
+            "properties": {
+                "percentile": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 100},
+                "latency_ms": {"type": "number", "exclusiveMinimum": 0},
+            },
+            "additionalProperties": False,
+        },
+        "priority": {"type": "integer", "description": "PRIQ priority, smaller first"},
+        "targets": {"$ref": "#/components/schemas/Targets"},
+        "task": {"description": "task payload handed to every task's executor"},
+    },
+    "additionalProperties": False,
+}
+
+_TASK = {
+    "type": "object",
+    "properties": {
+        "server": {"type": "string"},
+        "status": {
+            "type": "string",
+            "enum": ["ok", "failed", "cancelled", "rejected", "lost", "timeout"],
+        },
+        "queue_ms": {"type": ["number", "null"]},
+        "service_ms": {"type": ["number", "null"]},
+        "post_queue_ms": {"type": ["number", "null"]},
+        "server_ms": {"type": ["number", "null"], "description": "receipt to result on the server"},
+        "missed_deadline": {"type": ["boolean", "null"]},
+        "result": {},
+        "error": {"type": "string"},
+    },
+}
+
+_ANSWER = {
+    "type": "object",
+    "required": [
+        "query_id",
+        "fanout",
+        "budget_ms",
+        "unloaded_latency_ms",
+        "latency_ms",
+        "met_slo",
+        "tasks",
+    ],
+    "properties": {
+        "query_id": {"type": "string"},
+        "class": {"type": ["string", "null"]},
+        "percentile": {"type": "number"},
+        "slo_ms": {"type": "number"},
+        "fanout": {"type": "integer"},
+        "budget_ms": {"type": "number", "description": "T_b = SLO - x_p^u(k_f)"},
+        "unloaded_latency_ms": {"type": "number", "description": "x_p^u(k_f)"},
+        "estimate": {"type": "string", "enum": ["empirical", "tail-model"]},
+        "latency_ms": {"type": "number"},
+        "met_slo": {"type": "boolean"},
+        "tasks": {"type": "array", "items": {"$ref": "#/components/schemas/TaskOutcome"}},
+        "error": _ERROR["properties"]["error"],
+    },
+}
+
+_SERVER = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string"},
+        "pool": {"type": "string"},
+        "address": {"type": "string"},
+        "slots": {"type": "integer"},
+        "state": {"type": "string", "enum": ["connecting", "up", "down", "closed"]},
+        "queueing": {"type": "string", "enum": ["server", "central"]},
+        "outstanding": {"type": "integer"},
+        "post_queue_ms": {"type": "object", "additionalProperties": {"type": "number"}},
+    },
+}
+
+_REGISTER = {
+    "type": "object",
+    "required": ["id", "address"],
+    "properties": {
+        "id": {"type": "string"},
+        "pool": {"type": "string"},
+        "address": {"type": "string", "description": "host:port of the Thrift listener"},
+        "slots": {"type": "integer", "minimum": 1},
+    },
+    "additionalProperties": False,
+}
+
+
+def _json(schema: str, description: str) -> dict[str, Any]:
+    return {
+        "description": description,
+        "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}},
+    }
+
+
+def _err(description: str) -> dict[str, Any]:
+    return _json("Error", description)
+
+
+def openapi_document() -> dict[str, Any]:
+    """The document; its paths match the routes in gateway.app.ROUTES."""
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "Tailgate gateway", "version": "0.1.0"},
+        "paths": {
+            "/v1/queries": {
+                "post": {
+                    "summary": "Submit a fanout query",
+                    "requestBody": {
+                        "required": True,
+                        "content": {
+                            "application/json": {"schema": {"$ref": "#/components/schemas/Query"}}
+                        },
+                    },
+                    "responses": {
+                        "200": _json("QueryAnswer", "every task succeeded"),
+                        "400": _err("invalid body (names the field)"),
+                        "413": _err("body too large"),
+                        "422": _err("SLO below the unloaded p-th latency for this fanout"),
+                        "502": _json("QueryAnswer", "a task failed or its server was lost"),
+                        "503": _err("no server can take the query (Retry-After)"),
+                        "504": _json("QueryAnswer", "not complete at SLO + grace"),
+                    },
+                }
+            },
+            "/v1/servers": {
+                "get": {
+                    "summary": "List task servers",
+                    "responses": {
+                        "200": {
+                            "description": "servers",
+                            "content": {
+                                "application/json": {
+                                    "schema": {
+                                        "type": "object",
+                                        "properties": {
+                                            "servers": {
+                                                "type": "array",
+                                                "items": {"$ref": "#/components/schemas/Server"},
+                                            }
+                                        },
+                                    }
+                                }
+                            },
+                        }
+                    },
+                },
+                "post": {
+                    "summary": "Register or refresh a task server",
+                    "requestBody": {
+                        "required": True,
+                        "content": {
+                            "application/json": {
+                                "schema": {"$ref": "#/components/schemas/Register"}
+                            }
+                        },
+                    },
+                    "responses": {
+                        "200": _json("Server", "already registered"),
+                        "201": _json("Server", "registered"),
+                        "400": _err("invalid body"),
+                    },
+                },
+            },
+            "/v1/servers/{id}": {
+                "delete": {
+                    "summary": "Deregister a task server",
+                    "parameters": [
+                        {"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}
+                    ],
+                    "responses": {"200": {"description": "deleted"}, "404": _err("no such server")},
+                }
+            },
+            "/v1/classes": {
+                "get": {
+                    "summary": "Configured query classes",
+                    "responses": {"200": {"description": "classes"}},
+                }
+            },
+            "/healthz": {
+                "get": {"summary": "Liveness", "responses": {"200": {"description": "ok"}}}
+            },
+            "/metrics": {
+                "get": {
+                    "summary": "Prometheus metrics",
+                    "responses": {"200": {"description": "text format"}},
+                }
+            },
+            "/openapi.json": {
+                "get": {
+                    "summary": "This document",
+                    "responses": {"200": {"description": "OpenAPI"}},
+                }
+            },
+        },
+        "components": {
+            "schemas": {
+                "Error": _ERROR,
+                "Targets": _TARGETS,
+                "Query": _QUERY,
+                "TaskOutcome": _TASK,
+                "QueryAnswer": _ANSWER,
+                "Server": _SERVER,
+                "Register": _REGISTER,
+            }
+        },
+    }

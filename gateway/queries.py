@@ -1,0 +1,81 @@
+"""A query in flight: its tasks' outcomes and the moment it is decided."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+# Task outcome statuses as the API reports them.
+OK = "ok"
+FAILED = "failed"
+CANCELLED = "cancelled"
+REJECTED = "rejected"
+LOST = "lost"
+TIMEOUT = "timeout"
+WIRE_STATUS = {0: OK, 1: FAILED, 2: CANCELLED, 3: REJECTED}
+
+
+@dataclass(slots=True)
+class TaskOutcome:
+    """What happened to one task, with its timings in milliseconds."""
+
+    server: str
+    status: str
+    queue_ms: float | None = None
+    service_ms: float | None = None
+    post_queue_ms: float | None = None
+    server_ms: float | None = None
+    missed_deadline: bool | None = None
+    result: Any = None
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The task's entry in the query answer."""
+        out: dict[str, Any] = {
+            "server": self.server,
+            "status": self.status,
+            "queue_ms": _r(self.queue_ms),
+            "service_ms": _r(self.service_ms),
+            "post_queue_ms": _r(self.post_queue_ms),
+            "server_ms": _r(self.server_ms),
+            "missed_deadline": self.missed_deadline,
+            "result": self.result,
+        }
+        if self.error is not None:
+            out["error"] = self.error
+        return out
+
+
+def _r(v: float | None) -> float | None:
+    return None if v is None else round(v, 4)
+
+
+class QueryRun:
+    """Collects the outcomes of a query's k_f tasks.
+
+    ``done`` resolves when every task succeeded, or at the first task that did
+    not: the query is lost then, and waiting for its siblings only wastes them.
+    """
+
+    __slots__ = ("done", "failed", "fanout", "outcomes", "query_id", "remaining", "t0")
+
+    def __init__(self, query_id: str, fanout: int, t0: float) -> None:
+        self.query_id = query_id
+        self.fanout = fanout
+        self.t0 = t0
+        self.outcomes: list[TaskOutcome | None] = [None] * fanout
+        self.remaining = fanout
+        self.failed = False
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def complete(self, index: int, outcome: TaskOutcome) -> None:
+        """Record one task's outcome."""
+        if self.outcomes[index] is not None:
+            return
+        self.outcomes[index] = outcome
+        self.remaining -= 1
+        if outcome.status != OK:
+            self.failed = True
+        if (self.failed or self.remaining == 0) and not self.done.done():
+            self.done.set_result(None)

@@ -1,0 +1,384 @@
+"""The gateway's query path: plan, stamp deadlines, dispatch, gather.
+
+This is the shell around the pure parts (CdfBook, DeadlineEstimator, the
+queue policies): it owns the server links, turns a validated request into
+k_f tasks with TailGuard deadlines, and turns their outcomes into an answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import random
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from gateway.cdf import CdfBook
+from gateway.config import GatewayConfig, PoolConfig, parse_address
+from gateway.deadlines import DeadlineEstimator, DeadlinePlan, SloUnreachable
+from gateway.errors import BadRequest, NotFound, SloUnreachableError, Unavailable
+from gateway.links import LinkDown, PendingTask, ServerLink
+from gateway.metrics import GatewayMetrics, fanout_bucket
+from gateway.queries import CANCELLED, LOST, OK, TIMEOUT, WIRE_STATUS, QueryRun, TaskOutcome
+from gateway.requests import QueryRequest, RegisterRequest
+from taskserver.service_time import make_distribution
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class QueryAnswer:
+    """HTTP status, body and headers of a query's answer."""
+
+    status: int
+    body: dict[str, Any]
+    headers: dict[str, str]
+
+
+class GatewayService:
+    """Servers, CDFs and the fanout query path."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        *,
+        registry: CollectorRegistry | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        self.rng = rng or random.Random()
+        self.registry = registry or CollectorRegistry()
+        self.metrics = GatewayMetrics(self.registry)
+        self.book = CdfBook(
+            window_size=config.cdf_window,
+            refresh_every=config.cdf_refresh_every,
+            tail_fraction=config.tail_fraction,
+        )
+        self.estimator = DeadlineEstimator(self.book)
+        self.links: dict[str, ServerLink] = {}
+        self.pool_members: dict[str, list[str]] = {p.name: [] for p in config.pools}
+        self._pools = {p.name: p for p in config.pools}
+        self._priors: dict[str, Any] = {}
+        self._ids = itertools.count(1)
+        self._id_prefix = uuid.uuid4().hex[:8]
+        self._inflight: dict[str, QueryRun] = {}
+        self.metrics.bind_servers(lambda: [(lk.pool, lk.state) for lk in self.links.values()])
+
+    # -- servers ---------------------------------------------------------
+    async def start(self) -> None:
+        """Register the servers named in the configuration."""
+        for pool in self.config.pools:
+            for entry in pool.servers:
+                await self.register(
+                    RegisterRequest(entry.id, pool.name, entry.address, entry.slots)
+                )
+
+    async def stop(self) -> None:
+        """Close every link; queries still running fail at once."""
+        for link in list(self.links.values()):
+            await link.close("gateway stopping")
+        self.links.clear()
+
+    def _prior(self, pool: PoolConfig) -> Any:
+        prior = self._priors.get(pool.name)
+        if prior is None:
+            dist = make_distribution(pool.prior)
+            # The offline profile (TailGuard §III.C.2): service quantiles plus wire overhead.
+            prior = [q + pool.prior_overhead_ms for q in dist.quantiles(self.config.cdf_window)]
+            self._priors[pool.name] = prior
+        return prior
+
+    async def register(self, req: RegisterRequest) -> tuple[bool, dict[str, Any]]:
+        """Add or refresh a server; returns (created, its view)."""
+        existing = self.links.get(req.id)
+        if existing is not None:
+            if (existing.address, existing.pool, existing.slots) == (
+                req.address,
+                req.pool,
+                req.slots,
+            ):
+                return False, self.server_view(existing)
+            await self.deregister(req.id)
+        host, port = parse_address(req.address)
+        pool = self._pools[req.pool]
+        link = ServerLink(
+            req.id,
+            host,
+            port,
+            pool=req.pool,
+            slots=req.slots,
+            central=pool.queueing == "central",
+            policy=pool.policy,
+            on_result=self._on_result,
+            on_failure=self._on_failure,
+            clock=self.clock,
+            heartbeat_s=self.config.heartbeat_s,
+            heartbeat_timeout_s=self.config.heartbeat_timeout_s,
+        )
+        group = pool.name if pool.cdf == "shared" else None
+        self.book.add_server(req.id, self._prior(pool), group=group)
+        self.links[req.id] = link
+        self.pool_members[req.pool].append(req.id)
+        link.start()
+        # A fresh registration is usually followed by queries: give the link a moment.
+        await link.wait_up(min(0.5, self.config.heartbeat_timeout_s))
+        log.info("server %s registered in pool %s at %s", req.id, req.pool, req.address)
+        return True, self.server_view(link)
+
+    async def deregister(self, server_id: str) -> None:
+        """Remove a server; its outstanding tasks fail at once."""
+        link = self.links.pop(server_id, None)
+        if link is None:
+            raise NotFound(f"no server {server_id!r}", field="id")
+        self.pool_members[link.pool].remove(server_id)
+        self.book.remove_server(server_id)
+        await link.close(f"server {server_id} deregistered")
+
+    def server_view(self, link: ServerLink) -> dict[str, Any]:
+        """A server as GET /v1/servers shows it."""
+        cdf = self.book.cdf_of(link.server_id) if self.book.has_server(link.server_id) else None
+        view: dict[str, Any] = {
+            "id": link.server_id,
+            "pool": link.pool,
+            "address": link.address,
+            "slots": link.slots,
+            "state": link.state,
+            "queueing": "central" if link.central else "server",
+            "outstanding": len(link.outstanding),
+            "tasks_sent": link.tasks_sent,
+            "results": link.results,
+            "rtt_ms": None if link.rtt_ms is None else round(link.rtt_ms, 4),
+            "cdf_samples": self.book.samples_seen(link.server_id) if cdf is not None else 0,
+        }
+        if link.queue is not None:
+            view["queued"] = len(link.queue)
+        if link.last_error:
+            view["last_error"] = link.last_error
+        if cdf is not None:
+            view["post_queue_ms"] = {
+                f"p{q:g}": round(cdf.quantile(q / 100.0), 4) for q in (50, 90, 99, 99.9)
+            }
+        return view
+
+    # -- the query path ----------------------------------------------------
+    def resolve(self, req: QueryRequest) -> list[ServerLink]:
+        """The k_f target servers of a query (TailGuard §III.B: the handler picks them)."""
+        t = req.targets
+        if t.servers is not None:
+            links = []
+            for i, sid in enumerate(t.servers):
+                link = self.links.get(sid)
+                if link is None:
+                    raise BadRequest(f"unknown server {sid!r}", field=f"targets.servers[{i}]")
+                links.append(link)
+            return links
+        assert t.pool is not None
+        members = self.pool_members.get(t.pool, [])
+        if t.all:
+            if not members:
+                raise Unavailable(
+                    f"pool {t.pool!r} has no servers",
+                    code="no_servers",
+                    headers={"Retry-After": str(self.config.retry_after_s)},
+                )
+            return [self.links[s] for s in members]
+        assert t.fanout is not None
+        if t.fanout > len(members):
+            raise BadRequest(
+                f"fanout {t.fanout} exceeds the {len(members)} servers of pool {t.pool!r}",
+                field="targets.fanout",
+            )
+        # Prefer live servers for a random pick; fall back to any so the 503 below names them.
+        live = [s for s in members if self.links[s].is_up]
+        chosen = self.rng.sample(live if len(live) >= t.fanout else members, t.fanout)
+        return [self.links[s] for s in chosen]
+
+    def plan(self, req: QueryRequest, links: list[ServerLink]) -> DeadlinePlan:
+        """x_p^u over exactly these servers and the task budget (TailGuard eq. (1)-(4))."""
+        try:
+            plan = self.estimator.plan([lk.server_id for lk in links], req.percentile, req.slo_ms)
+        except SloUnreachable as exc:
+            raise SloUnreachableError(
+                f"SLO {exc.slo_ms:g} ms is below the unloaded p{exc.percentile:g} latency "
+                f"{exc.unloaded_ms:.3f} ms for fanout {exc.fanout}",
+                field="slo.latency_ms" if req.class_name is None else "class",
+                extra={
+                    "slo_ms": exc.slo_ms,
+                    "unloaded_latency_ms": round(exc.unloaded_ms, 4),
+                    "percentile": exc.percentile,
+                    "fanout": exc.fanout,
+                },
+            ) from exc
+        self.metrics.unloaded_latency.labels(
+            req.class_name or "custom", fanout_bucket(len(links))
+        ).set(plan.unloaded_ms / 1000.0)
+        return plan
+
+    async def run_query(self, req: QueryRequest, t0: float | None = None) -> QueryAnswer:
+        """Fan a validated query out and answer it; never later than SLO + grace."""
+        t0 = self.clock() if t0 is None else t0
+        cls = req.class_name or "custom"
+        links = self.resolve(req)
+        plan = self.plan(req, links)
+        down = [lk.server_id for lk in links if not lk.is_up]
+        if down:
+            self.metrics.queries.labels(cls, "rejected").inc()
+            raise Unavailable(
+                f"{len(down)} target server(s) are not reachable: {', '.join(down[:10])}",
+                code="servers_down",
+                headers={"Retry-After": str(self.config.retry_after_s)},
+                extra={"servers_down": down},
+            )
+        qid = f"{self._id_prefix}-{next(self._ids)}"
+        run = QueryRun(qid, len(links), t0)
+        deadline_s = t0 + plan.budget_ms / 1000.0  # TailGuard eq. (4): t_D = t0 + T_b
+        slo_deadline_s = t0 + req.slo_ms / 1000.0
+        self._inflight[qid] = run
+        self.metrics.inflight.inc()
+        try:
+            for i, link in enumerate(links):
+                p = PendingTask(
+                    run,
+                    i,
+                    link.server_id,
+                    deadline_s,
+                    slo_deadline_s,
+                    req.priority,
+                    cls,
+                    req.payload,
+                )
+                try:
+                    link.dispatch(p)
+                except LinkDown as exc:
+                    run.complete(i, TaskOutcome(link.server_id, LOST, error=str(exc)))
+                    break
+            timeout_s = slo_deadline_s + self.config.grace_ms / 1000.0 - self.clock()
+            try:
+                await asyncio.wait_for(asyncio.shield(run.done), max(timeout_s, 0.0))
+            except TimeoutError:
+                pass
+            except asyncio.CancelledError:
+                self._abandon(run, links, "client went away")
+                raise
+            if not run.done.done() or run.failed:
+                self._abandon(
+                    run,
+                    links,
+                    "query timed out" if not run.done.done() else "a sibling task failed",
+                )
+        finally:
+            self._inflight.pop(qid, None)
+            self.metrics.inflight.dec()
+        return self._answer(req, run, plan, links)
+
+    def _abandon(self, run: QueryRun, links: list[ServerLink], reason: str) -> None:
+        """Cancel every task of the query that has no outcome yet."""
+        timed_out = not run.failed
+        for i, link in enumerate(links):
+            if run.outcomes[i] is None:
+                link.cancel_query(run.query_id)
+                status = TIMEOUT if timed_out else CANCELLED
+                run.outcomes[i] = TaskOutcome(link.server_id, status, error=reason)
+                self.metrics.tasks.labels(link.pool, status).inc()
+
+    def _answer(
+        self, req: QueryRequest, run: QueryRun, plan: DeadlinePlan, links: list[ServerLink]
+    ) -> QueryAnswer:
+        latency_ms = (self.clock() - run.t0) * 1000.0
+        cls = req.class_name or "custom"
+        outcomes = [o for o in run.outcomes if o is not None]
+        statuses = {o.status for o in outcomes}
+        body: dict[str, Any] = {
+            "query_id": run.query_id,
+            "class": req.class_name,
+            "percentile": req.percentile,
+            "slo_ms": req.slo_ms,
+            "fanout": run.fanout,
+            "budget_ms": round(plan.budget_ms, 4),
+            "unloaded_latency_ms": round(plan.unloaded_ms, 4),
+            "estimate": plan.estimate,
+            "latency_ms": round(latency_ms, 4),
+            "met_slo": statuses == {OK} and latency_ms <= req.slo_ms,
+            "tasks": [o.to_json() for o in outcomes],
+        }
+        headers: dict[str, str] = {}
+        if statuses == {OK}:
+            status = 200
+            outcome = "met" if body["met_slo"] else "missed_slo"
+            self.metrics.query_latency.labels(cls, fanout_bucket(run.fanout)).observe(
+                latency_ms / 1000.0
+            )
+        else:
+            bad = [o for o in outcomes if o.status not in (OK, CANCELLED)]
+            first = bad[0] if bad else outcomes[0]
+            if TIMEOUT in statuses:
+                status, code, outcome = 504, "query_timeout", "timeout"
+                message = (
+                    f"query not complete at SLO + grace "
+                    f"({req.slo_ms:g} + {self.config.grace_ms:g} ms)"
+                )
+            elif all(o.status == "rejected" for o in bad):
+                status, code, outcome = 503, "task_rejected", "rejected"
+                message = f"server {first.server} rejected its task: {first.error}"
+                headers["Retry-After"] = str(self.config.retry_after_s)
+            else:
+                status, code, outcome = 502, "task_failed", "failed"
+                message = f"task on server {first.server} {first.status}: {first.error}"
+            body["error"] = {"code": code, "message": message, "field": None}
+        self.metrics.queries.labels(cls, outcome).inc()
+        return QueryAnswer(status, body, headers)
+
+    # -- link callbacks ------------------------------------------------------
+    def _on_result(self, link: ServerLink, p: PendingTask, r: Any, now: float) -> None:
+        status = WIRE_STATUS.get(r.status, "failed")
+        if link.central:
+            # The dequeue happened here, when the task was sent (TailGuard §III.C.2).
+            post_queue_ms = (now - p.sent_s) * 1000.0
+            queue_ms = p.gateway_queue_ms + r.queue_ms
+            missed = bool(p.missed_deadline)
+        else:
+            # No shared clock: split the round trip into server time and network time,
+            # and charge the server's post-dequeue part plus the return half.
+            rtt_ms = (now - p.sent_s) * 1000.0
+            net_ms = max(rtt_ms - r.server_ms, 0.0)
+            post_queue_ms = (r.server_ms - r.queue_ms) + net_ms / 2.0
+            queue_ms = r.queue_ms + net_ms / 2.0
+            missed = bool(r.missed_deadline)
+        self.metrics.tasks.labels(link.pool, status).inc()
+        if status == OK:
+            self.book.observe(link.server_id, post_queue_ms)
+            if missed:
+                self.metrics.deadline_misses.labels(p.class_name, link.pool).inc()
+        result: Any = None
+        if r.result:
+            try:
+                result = json.loads(r.result)
+            except ValueError:
+                result = {"raw": r.result.decode("utf-8", "replace")}
+        p.run.complete(
+            p.index,
+            TaskOutcome(
+                server=link.server_id,
+                status=status,
+                queue_ms=queue_ms,
+                service_ms=r.service_ms,
+                post_queue_ms=post_queue_ms,
+                server_ms=r.server_ms,
+                missed_deadline=missed,
+                result=result,
+                error=r.error,
+            ),
+        )
+
+    def _on_failure(self, link: ServerLink, p: PendingTask, status: str, reason: str) -> None:
+        self.metrics.tasks.labels(link.pool, status).inc()
+        p.run.complete(p.index, TaskOutcome(link.server_id, status, error=reason))

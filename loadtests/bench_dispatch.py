@@ -1,0 +1,160 @@
+"""Gateway dispatch throughput against a raw asyncio-streams echo on loopback.
+
+Both runs use the same shape: ``servers`` server processes on loopback, one
+connection to each, many requests in flight, small framed messages (~100 B,
+the size of a Task frame). The yardstick echoes frames with asyncio streams
+and does nothing else; the gateway run drives the real query path in-process
+(GatewayService.run_query: deadline planning, Thrift encode, dispatch, result
+decode, CDF update, answer) against real task servers with zero service time.
+
+    python -m loadtests.bench_dispatch [--seconds 5] [--fanout 10] [--concurrency 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import struct
+import sys
+import time
+
+from prometheus_client import CollectorRegistry
+
+from gateway.config import GatewayConfig
+from gateway.requests import QueryRequest, RegisterRequest, Targets
+from gateway.service import GatewayService
+from loadtests.procs import ServerProcs
+
+FRAME = struct.Struct("!I")
+PAYLOAD = b"x" * 96
+
+
+async def _echo_server(port: int) -> None:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                head = await reader.readexactly(4)
+                body = await reader.readexactly(FRAME.unpack(head)[0])
+                writer.write(head + body)
+
+    server = await asyncio.start_server(handle, "127.0.0.1", port)
+    print(server.sockets[0].getsockname()[1], flush=True)
+    await asyncio.Event().wait()
+
+
+async def raw_echo_rate(servers: int, window: int, seconds: float) -> float:
+    """Round trips per second over `servers` echo processes with `window` in flight each."""
+    procs = []
+    ports = []
+    for _ in range(servers):
+        p = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "loadtests.bench_dispatch", "--serve-echo",
+            stdout=asyncio.subprocess.PIPE, env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        )
+        assert p.stdout is not None
+        ports.append(int(await asyncio.wait_for(p.stdout.readline(), 20)))
+        procs.append(p)
+    done = 0
+    stop_at = 0.0
+
+    async def one(port: int) -> None:
+        nonlocal done
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        msg = FRAME.pack(len(PAYLOAD)) + PAYLOAD
+        for _ in range(window):
+            writer.write(msg)
+        while time.perf_counter() < stop_at:
+            head = await reader.readexactly(4)
+            await reader.readexactly(FRAME.unpack(head)[0])
+            done += 1
+            writer.write(msg)
+        writer.close()
+
+    try:
+        stop_at = time.perf_counter() + 0.5
+        await asyncio.gather(*(one(p) for p in ports))  # warm-up
+        done = 0
+        start = time.perf_counter()
+        stop_at = start + seconds
+        await asyncio.gather(*(one(p) for p in ports))
+        return done / (time.perf_counter() - start)
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+            await p.wait()
+
+
+async def gateway_rate(servers: int, fanout: int, concurrency: int, seconds: float) -> tuple[float, float]:
+    """(tasks/s, queries/s) through GatewayService.run_query."""
+    async with ServerProcs(
+        servers, ["--service-kind", "constant", "--service-value-ms", "0", "--slots", "1000"]
+    ) as sp:
+        svc = GatewayService(GatewayConfig(), registry=CollectorRegistry())
+        for sid, addr in sp.addresses.items():
+            await svc.register(RegisterRequest(sid, "default", addr, 1000))
+        for link in svc.links.values():
+            await link.wait_up(5)
+        req = QueryRequest("B", 99.0, 300.0, 1, Targets(pool="default", fanout=fanout), b"{}")
+        queries = 0
+        failures = 0
+        stop_at = 0.0
+
+        async def worker() -> None:
+            nonlocal queries, failures
+            while time.perf_counter() < stop_at:
+                ans = await svc.run_query(req)
+                if ans.status == 200:
+                    queries += 1
+                else:
+                    failures += 1
+
+        stop_at = time.perf_counter() + 0.5
+        await asyncio.gather(*(worker() for _ in range(concurrency)))  # warm-up
+        queries = failures = 0
+        start = time.perf_counter()
+        stop_at = start + seconds
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - start
+        await svc.stop()
+        if failures:
+            print(f"  ({failures} queries failed)")
+        return queries * fanout / elapsed, queries / elapsed
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    echo = await raw_echo_rate(args.fanout, args.concurrency, args.seconds)
+    tasks, queries = await gateway_rate(args.fanout, args.fanout, args.concurrency, args.seconds)
+    print(f"raw asyncio-streams echo: {echo:,.0f} round trips/s "
+          f"({args.fanout} connections x {args.concurrency} in flight)")
+    print(f"gateway dispatch:         {tasks:,.0f} tasks/s = {queries:,.0f} queries/s "
+          f"(fanout {args.fanout}, {args.concurrency} queries in flight, zero service time)")
+    print(f"ratio gateway/raw:        {tasks / echo:.2f}")
+
+
+def main() -> None:
+    """Parse options and run, on uvloop when installed."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--fanout", type=int, default=10)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--serve-echo", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    try:
+        import uvloop
+
+        run = uvloop.run
+    except ImportError:
+        run = asyncio.run
+    if args.serve_echo:
+        with contextlib.suppress(KeyboardInterrupt):
+            signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+            run(_echo_server(0))
+        return
+    run(main_async(args))
+
+
+if __name__ == "__main__":
+    main()

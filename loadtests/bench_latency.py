@@ -1,0 +1,106 @@
+"""Gateway-added latency per query at low load, for fanout 1, 10 and 100.
+
+A real gateway process and real task server processes (zero service time) on
+loopback; one client sends one query at a time over HTTP. For each answer:
+
+- gateway-added = the gateway's own latency_ms (HTTP body read to answer
+  ready) minus the slowest task's time on its server: planning, encoding,
+  both loopback hops of the Thrift wire, decoding, CDF updates and merging;
+- client-observed = the whole HTTP round trip, as the client sees it.
+
+    python -m loadtests.bench_latency [--queries 2000] [--fanouts 1,10,100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import statistics
+import sys
+import time
+
+import aiohttp
+
+from loadtests.procs import ServerProcs
+
+
+def _pct(xs: list[float], p: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(p / 100.0 * len(xs)))]
+
+
+async def _start_gateway() -> tuple[asyncio.subprocess.Process, str]:
+    p = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "deploy.cli", "--log-level", "WARNING", "gateway", "--port", "0",
+        stdout=asyncio.subprocess.PIPE, env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )
+    assert p.stdout is not None
+    info = json.loads(await asyncio.wait_for(p.stdout.readline(), 20))
+    return p, info["url"]
+
+
+async def measure(fanout: int, queries: int) -> dict[str, float]:
+    """Run `queries` sequential queries of this fanout; return percentiles in µs."""
+    gw, url = await _start_gateway()
+    try:
+        async with ServerProcs(
+            fanout, ["--service-kind", "constant", "--service-value-ms", "0", "--slots", "4"]
+        ) as sp, aiohttp.ClientSession() as http:
+            for sid, addr in sp.addresses.items():
+                body = {"id": sid, "address": addr, "pool": "default", "slots": 4}
+                async with http.post(url + "/v1/servers", json=body) as r:
+                    assert r.status in (200, 201), await r.text()
+            await asyncio.sleep(1.0)
+            q = {"class": "C", "targets": {"pool": "default", "all": True}}
+            added: list[float] = []
+            internal: list[float] = []
+            client: list[float] = []
+            for i in range(queries + 200):
+                t0 = time.perf_counter()
+                async with http.post(url + "/v1/queries", json=q) as r:
+                    ans = await r.json()
+                elapsed_us = (time.perf_counter() - t0) * 1e6
+                if r.status != 200:
+                    raise RuntimeError(f"query failed: {ans}")
+                if i < 200:
+                    continue  # warm-up
+                slowest_server_ms = max(t["server_ms"] for t in ans["tasks"])
+                internal.append(ans["latency_ms"] * 1000.0)
+                added.append((ans["latency_ms"] - slowest_server_ms) * 1000.0)
+                client.append(elapsed_us)
+                await asyncio.sleep(0.001)
+    finally:
+        gw.send_signal(signal.SIGTERM)
+        await gw.wait()
+    return {
+        "added_p50": statistics.median(added), "added_p99": _pct(added, 99),
+        "internal_p50": statistics.median(internal), "internal_p99": _pct(internal, 99),
+        "client_p50": statistics.median(client), "client_p99": _pct(client, 99),
+    }
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    print(f"{'fanout':>6} | {'gateway-added p50/p99 (µs)':>27} | {'gateway latency_ms p50/p99 (µs)':>31} "
+          f"| {'client-observed p50/p99 (µs)':>29}")
+    for k in args.fanouts:
+        m = await measure(k, args.queries)
+        print(f"{k:>6} | {m['added_p50']:>12.0f} / {m['added_p99']:>12.0f} | "
+              f"{m['internal_p50']:>14.0f} / {m['internal_p99']:>14.0f} | "
+              f"{m['client_p50']:>13.0f} / {m['client_p99']:>13.0f}")
+
+
+def main() -> None:
+    """Parse options and run."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--queries", type=int, default=2000)
+    parser.add_argument("--fanouts", default="1,10,100",
+                        type=lambda s: [int(x) for x in s.split(",") if x])
+    args = parser.parse_args()
+    asyncio.run(main_async(args))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""Benchmark of the x_p^u solver: CdfBook.solve and DeadlineEstimator.plan latencies.
+
+Run on purpose, not in CI: ``python -m loadtests.bench_solve [--repeats N]``. It builds a
+book of servers that each own a distinct CDF (lognormal priors with varied parameters), then
+times solve() for fresh random server choices per call (no cache can help) and plan() for a
+repeated composition (the cache-hit path). The product target is p50 <= 100 us at k_f = 1000.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable, Sequence
+from functools import partial
+
+import numpy as np
+
+from gateway.cdf import CdfBook
+from gateway.deadlines import DeadlineEstimator
+
+
+def build_book(n_servers: int, samples: int, rng: np.random.Generator) -> CdfBook:
+    """A book whose servers each own a distinct lognormal prior (median 0.4-2.7 ms)."""
+    book = CdfBook(window_size=samples)
+    for i in range(n_servers):
+        prior_ms = rng.lognormal(rng.uniform(-1.0, 1.0), rng.uniform(0.3, 0.9), samples)
+        book.add_server(f"srv-{i}", prior_ms)
+    return book
+
+
+def time_calls_us(calls: Sequence[Callable[[], object]]) -> np.ndarray:
+    """Wall time of each call in microseconds (perf_counter_ns around each)."""
+    out = np.empty(len(calls))
+    for i, call in enumerate(calls):
+        start = time.perf_counter_ns()
+        call()
+        out[i] = (time.perf_counter_ns() - start) / 1e3
+    return out
+
+
+def report(label: str, us: np.ndarray) -> None:
+    """Print p50/p99/mean of a timing sample."""
+    p50, p99 = np.percentile(us, [50, 99])
+    print(f"{label:<44} p50 {p50:8.1f} us   p99 {p99:8.1f} us   mean {us.mean():8.1f} us")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Build the book, time the solver and the estimator, print the figures."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--servers", type=int, default=1000, help="servers, each its own CDF")
+    parser.add_argument("--samples", type=int, default=4096, help="prior samples per server")
+    parser.add_argument("--repeats", type=int, default=2000, help="timed calls per figure")
+    parser.add_argument("--fanouts", default="1,10,100,1000", help="comma-separated k_f")
+    parser.add_argument("--percentile", type=float, default=99.0)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args(argv)
+    rng = np.random.default_rng(args.seed)
+    fanouts = [int(k) for k in args.fanouts.split(",")]
+
+    start = time.perf_counter()
+    book = build_book(args.servers, args.samples, rng)
+    print(f"built {args.servers} servers x {args.samples} samples in "
+          f"{time.perf_counter() - start:.2f} s")
+    ids = [f"srv-{i}" for i in range(args.servers)]
+    p = args.percentile
+
+    for k in fanouts:
+        if k > args.servers:
+            continue
+        picks = [[ids[j] for j in rng.choice(args.servers, k, replace=False)]
+                 for _ in range(args.repeats)]
+        for chosen in picks[:50]:  # warm-up
+            book.solve(chosen, p)
+        us = time_calls_us([partial(book.solve, chosen, p) for chosen in picks])
+        report(f"solve x_{p:g}^u  k={k} (fresh servers each call)", us)
+
+    for k in fanouts:
+        if k > args.servers:
+            continue
+        chosen = [ids[j] for j in rng.choice(args.servers, k, replace=False)]
+        estimator = DeadlineEstimator(book)
+        estimator.plan(chosen, p, 1e6)
+        us = time_calls_us([partial(estimator.plan, chosen, p, 1e6)] * args.repeats)
+        report(f"plan (cache hit)          k={k}", us)
+        assert estimator.cache_hits == args.repeats
+
+    for k in fanouts:
+        if k > args.servers:
+            continue
+        picks = [[ids[j] for j in rng.choice(args.servers, k, replace=False)]
+                 for _ in range(args.repeats)]
+        # No cache: every call pays composition_key + solve (k = all servers would hit).
+        estimator = DeadlineEstimator(book, cache_size=0)
+        us = time_calls_us([partial(estimator.plan, chosen, p, 1e6) for chosen in picks])
+        report(f"plan (cache miss)         k={k}", us)
+        assert estimator.cache_misses == args.repeats
+
+    n_obs = 64 * args.repeats
+    values = rng.lognormal(0.0, 0.6, n_obs).tolist()
+    targets = [ids[j] for j in rng.integers(0, args.servers, n_obs)]
+    start = time.perf_counter_ns()
+    for server_id, value in zip(targets, values, strict=True):
+        book.observe(server_id, value)
+    per_obs_us = (time.perf_counter_ns() - start) / 1e3 / n_obs
+    print(f"{'observe (amortised, incl. snapshot refresh)':<44} mean {per_obs_us:8.2f} us")
+
+
+if __name__ == "__main__":
+    main()

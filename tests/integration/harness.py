@@ -1,0 +1,97 @@
+"""Real processes on loopback: task servers and gateways started through the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+START_TIMEOUT_S = 20.0
+
+
+@dataclass
+class Proc:
+    """A started process and what it announced on stdout."""
+
+    popen: subprocess.Popen[bytes]
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def address(self) -> str:
+        return str(self.info["address"])
+
+    @property
+    def url(self) -> str:
+        return str(self.info["url"])
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would."""
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGKILL)
+            self.popen.wait(5)
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL if it does not exit."""
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(5)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(5)
+        if self.popen.stdout is not None:
+            self.popen.stdout.close()
+
+
+def _read_announcement(p: subprocess.Popen[bytes], timeout_s: float) -> dict[str, Any]:
+    assert p.stdout is not None
+    sel = selectors.DefaultSelector()
+    sel.register(p.stdout, selectors.EVENT_READ)
+    deadline = time.monotonic() + timeout_s
+    buf = b""
+    try:
+        while time.monotonic() < deadline:
+            if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
+                break
+            chunk = os.read(p.stdout.fileno(), 4096)
+            if not chunk:
+                break
+            buf += chunk
+            if b"\n" in buf:
+                return json.loads(buf.split(b"\n", 1)[0])
+    finally:
+        sel.close()
+    p.kill()
+    p.wait(5)
+    raise RuntimeError(f"process did not announce itself (exit {p.returncode}): {buf!r}")
+
+
+def start_cli(args: Sequence[str], *, config: Path | None = None) -> Proc:
+    """Start `python -m deploy.cli [--config F] ARGS` and wait for its announcement."""
+    argv = [sys.executable, "-m", "deploy.cli", "--log-level", "WARNING"]
+    if config is not None:
+        argv += ["--config", str(config)]
+    argv += list(args)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.pop("TAILGATE_CONFIG", None)
+    popen = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=subprocess.PIPE, env=env)
+    return Proc(popen, _read_announcement(popen, START_TIMEOUT_S))
+
+
+def start_taskserver(server_id: str, *args: str, config: Path | None = None) -> Proc:
+    """A task server on a free loopback port."""
+    return start_cli(["taskserver", "--id", server_id, "--port", "0", *args], config=config)
+
+
+def start_gateway(config: Path | None = None, *args: str) -> Proc:
+    """A gateway on a free loopback port."""
+    return start_cli(["gateway", "--port", "0", *args], config=config)

@@ -1,0 +1,79 @@
+"""The rest of the API surface and the wire contract seen from a stock Thrift client."""
+
+from __future__ import annotations
+
+import aiohttp
+import pytest
+from thriftpy2.protocol import TBinaryProtocolFactory
+from thriftpy2.rpc import make_client
+from thriftpy2.transport import TFramedTransportFactory
+
+from gateway.app import ROUTES
+from taskserver.wire import thrift
+from tests.integration.conftest import Cluster, query, register
+
+pytestmark = pytest.mark.integration
+
+
+async def test_classes_health_metrics_and_openapi(
+    cluster: Cluster, http: aiohttp.ClientSession
+) -> None:
+    gw = cluster.gateway()
+    await register(http, gw, cluster.taskserver("ts-1"))
+    async with http.get(gw.url + "/v1/classes") as r:
+        classes = {c["name"]: c for c in (await r.json())["classes"]}
+    assert classes["A"] == {"name": "A", "percentile": 99.0, "latency_ms": 100.0, "priority": 0}
+    async with http.get(gw.url + "/healthz") as r:
+        assert (await r.json()) == {"status": "ok", "servers_up": 1, "servers": 1}
+    status, _, _ = await query(
+        http, gw, {"class": "A", "targets": {"pool": "default", "fanout": 1}}
+    )
+    assert status == 200
+    async with http.get(gw.url + "/metrics") as r:
+        text = await r.text()
+    assert 'tailgate_queries_total{class="A",outcome="met"} 1.0' in text
+    assert 'tailgate_tasks_total{pool="default",status="ok"} 1.0' in text
+    assert 'tailgate_servers{pool="default",state="up"} 1.0' in text
+    assert "tailgate_query_latency_seconds_bucket" in text
+    async with http.get(gw.url + "/openapi.json") as r:
+        doc = await r.json()
+    documented = {(m.upper(), p) for p, ops in doc["paths"].items() for m in ops}
+    assert documented == {(m, p) for m, p, _ in ROUTES}
+
+
+async def test_register_is_idempotent(cluster: Cluster, http: aiohttp.ClientSession) -> None:
+    gw = cluster.gateway()
+    ts = cluster.taskserver("ts-1")
+    body = {"id": "ts-1", "address": ts.address}
+    async with http.post(gw.url + "/v1/servers", json=body) as r:
+        assert r.status == 201
+    async with http.post(gw.url + "/v1/servers", json=body) as r:
+        assert r.status == 200
+
+
+async def test_task_server_self_registers(cluster: Cluster, http: aiohttp.ClientSession) -> None:
+    gw = cluster.gateway()
+    cluster.taskserver("ts-self", "--gateway", gw.url)
+    from tests.integration.conftest import wait_until
+
+    view = await wait_until(lambda s: s["state"] == "up", http, gw, "ts-self")
+    assert view["pool"] == "default"
+
+
+def test_stock_thrift_client_speaks_to_a_task_server(cluster: Cluster) -> None:
+    ts = cluster.taskserver("ts-1", "--policy", "priq", "--slots", "3")
+    host, port = ts.address.rsplit(":", 1)
+    client = make_client(
+        thrift().TaskServer,
+        host,
+        int(port),
+        proto_factory=TBinaryProtocolFactory(),
+        trans_factory=TFramedTransportFactory(),
+        timeout=5000,
+    )
+    try:
+        assert client.ping("hello") == "hello"
+        st = client.status()
+        assert (st.server_id, st.policy, st.slots, st.busy, st.queued) == ("ts-1", "priq", 3, 0, 0)
+    finally:
+        client.close()

@@ -1,0 +1,89 @@
+"""`tailgate up`: gateway plus task servers and edge agents; Ctrl-C stops them all."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+
+pytestmark = pytest.mark.integration
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True)
+    return [int(x) for x in out.stdout.split()]
+
+
+def _post(url: str, body: dict) -> tuple[int, dict]:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_up_serves_both_pools_and_ctrl_c_stops_everything() -> None:
+    port = _free_port()
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.pop("TAILGATE_CONFIG", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "deploy.cli", "--log-level", "WARNING", "up",
+         "--servers", "3", "--edge-agents", "2", "--port", str(port)],
+        cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
+    )
+    try:
+        banner = []
+        deadline = time.monotonic() + 40
+        assert proc.stdout is not None
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            banner.append(line)
+            if "Ctrl-C" in line:
+                break
+        text = "".join(banner)
+        assert f"http://127.0.0.1:{port}" in text, text
+        assert "curl" in text
+        children = _children(proc.pid)
+        assert len(children) == 5
+        url = f"http://127.0.0.1:{port}/v1/queries"
+        status, ans = _post(url, {"class": "A", "targets": {"pool": "default", "all": True},
+                                  "task": {"service_ms": 2}})
+        assert status == 200, ans
+        assert ans["fanout"] == 3
+        status, ans = _post(url, {"class": "C", "targets": {"pool": "edge", "all": True}})
+        assert status == 200, ans
+        assert sorted(t["server"] for t in ans["tasks"]) == ["edge-1", "edge-2"]
+        # Emulated sensing agents draw from the edge pool's profile (lognormal, median 20 ms).
+        assert all(t["service_ms"] > 1.0 for t in ans["tasks"])
+        proc.send_signal(signal.SIGINT)
+        proc.wait(15)
+        assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""
+        for pid in children:
+            with pytest.raises(ProcessLookupError):
+                os.kill(pid, 0)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
