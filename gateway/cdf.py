@@ -184,12 +184,28 @@ class Solution:
     """(p/100)**(1/k): the per-task CDF level the fanout needs (exact when homogeneous)."""
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class Composition:
+    """The CDF rows behind one multiset of servers, valid for one book version."""
+
+    version: int
+    """CdfBook.version when it was taken: rows of removed servers may be reused later."""
+    rows: np.ndarray = field(repr=False)
+    """Row index of each server, in the caller's order."""
+    counts: np.ndarray | None = field(repr=False)
+    """Servers per row (bincount) when the solver will use a gemv, else None."""
+    key: bytes = field(repr=False)
+    """Names the multiset of rows: equal keys, equal x_p^u (at this version)."""
+
+
 class _Row:
     """One CDF row: a ring-buffer window of post-queuing times and its snapshot."""
 
     __slots__ = ("cdf", "filled", "group", "members", "pending", "pos", "seen", "window")
 
-    def __init__(self, window: np.ndarray, filled: int, cdf: LatencyCdf, group: str | None):
+    def __init__(
+        self, window: np.ndarray, filled: int, cdf: LatencyCdf, group: str | None
+    ) -> None:
         self.window = window
         self.filled = filled
         self.pos = filled % window.size
@@ -335,27 +351,59 @@ class CdfBook:
         """x_p^u over exactly these servers (a multiset): TailGuard eq. (1)-(2)."""
         log_level = _log_level(percentile)
         rows = self._rows_of(server_ids)
+        counts = None if self._gathers(rows) else np.bincount(rows, minlength=self._capacity)
+        return self._solve_rows(rows, counts, log_level)
+
+    def composition_key(self, server_ids: Sequence[str]) -> bytes:
+        """Bytes naming the multiset of CDF rows behind these servers (valid for one version)."""
+        return self.composition(server_ids).key
+
+    def composition(self, server_ids: Sequence[str]) -> Composition:
+        """The rows behind these servers and their key, for solve_composition (one version)."""
+        rows = self._rows_of(server_ids)
+        if self._gathers(rows):
+            return Composition(self._version, rows, None, b"s" + np.sort(rows).tobytes())
+        counts = np.bincount(rows, minlength=self._capacity)
+        return Composition(self._version, rows, counts, b"c" + counts.tobytes())
+
+    def solve_composition(self, composition: Composition, percentile: float) -> Solution:
+        """solve() for a composition taken at this version (ids mapped once for key and solve)."""
+        if composition.version != self._version:
+            raise ValueError(
+                f"stale composition: taken at version {composition.version}, "
+                f"the book is at {self._version}"
+            )
+        return self._solve_rows(composition.rows, composition.counts, _log_level(percentile))
+
+    # ----- internals ----------------------------------------------------------------------
+
+    def _gathers(self, rows: np.ndarray) -> bool:
+        """Whether few enough rows are involved to gather them rather than gemv over all."""
+        return rows.size * 8 < self._capacity
+
+    def _solve_rows(
+        self, rows: np.ndarray, counts: np.ndarray | None, log_level: float
+    ) -> Solution:
+        """x_p^u for mapped rows; counts is their bincount when a gemv is to be used."""
         k = rows.size
         per_task = math.exp(log_level / k)
         first = int(rows[0])
-        counts = None
-        if k * 8 < self._capacity:
+        if counts is None:
             homogeneous = k == 1 or rows.min() == rows.max()
         else:
-            counts = np.bincount(rows, minlength=self._capacity)
             homogeneous = counts[first] == k
         if homogeneous:
             # One distinct row: F^k = p/100 has the closed form F^{-1}((p/100)^(1/k)).
             cdf = self._live_row(first).cdf
             x = cdf.quantile(per_task)
             return Solution(x, "tail-model" if x > cdf.threshold_ms else "empirical", per_task)
+        weights = None
         if counts is None:
-            # Few servers among many rows: gather their rows rather than a gemv over all.
             sums = self._coarse[rows].sum(axis=0)
         else:
             # One gemv handles repeated servers and shared group rows alike.
-            counts = counts.astype(np.float32)
-            sums = counts @ self._coarse
+            weights = counts.astype(np.float32)
+            sums = weights @ self._coarse
         cell = int(np.searchsorted(sums, log_level, side="left"))
         if cell > COARSE_CELLS:
             x = self._solve_beyond_grid(rows, log_level)
@@ -364,7 +412,7 @@ class CdfBook:
             x = float(self._grid_ms[0])
         else:
             block = self._blocks[cell - 1]
-            fine = block[rows].sum(axis=0) if counts is None else counts @ block
+            fine = block[rows].sum(axis=0) if weights is None else weights @ block
             # The block's end points are the coarse ones; clamp in case rounding differs.
             step = min(max(int(np.searchsorted(fine, log_level, side="left")), 1), FINE_STEPS)
             x = self._interpolate(fine, step, (cell - 1) * FINE_STEPS + step, log_level)
@@ -374,15 +422,6 @@ class CdfBook:
                 x = min(x, float(self._sup_ms[rows].max()))
         tail_model = x > float(self._threshold_ms[rows].min())
         return Solution(x, "tail-model" if tail_model else "empirical", per_task)
-
-    def composition_key(self, server_ids: Sequence[str]) -> bytes:
-        """Bytes naming the multiset of CDF rows behind these servers (valid for one version)."""
-        rows = self._rows_of(server_ids)
-        if rows.size * 16 < self._capacity:
-            return b"s" + np.sort(rows).astype(np.int32).tobytes()
-        return b"c" + np.bincount(rows, minlength=self._capacity).astype(np.int32).tobytes()
-
-    # ----- internals ----------------------------------------------------------------------
 
     def _live_row(self, slot: int) -> _Row:
         row = self._rows[slot]

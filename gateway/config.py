@@ -141,7 +141,7 @@ class GatewayConfig:
     """Retry-After sent with 503 answers."""
     cdf_window: int = 4096
     """Post-queuing samples kept per CDF."""
-    cdf_refresh_every: int = 64
+    cdf_refresh_every: int = 256
     """New samples between rebuilds of a CDF (and of its deadlines)."""
     tail_fraction: float = 0.05
     """Fraction of samples above the peaks-over-threshold tail threshold."""

@@ -73,15 +73,17 @@ class DeadlineEstimator:
             # Any CDF moved: x_p^u may have moved for every composition (TailGuard §III.C.2).
             self._cache.clear()
             self._cache_version = book.version
-        # The key validates the ids; solve() validates the percentile on a miss.
-        key = (float(percentile), book.composition_key(server_ids))
+        # Map the ids once for both the key and, on a miss, the solve; the composition
+        # validates the ids and solve_composition the percentile.
+        composition = book.composition(server_ids)
+        key = (float(percentile), composition.key)
         solution = self._cache.get(key)
         if solution is not None:
             self.cache_hits += 1
             self._cache.move_to_end(key)
         else:
             self.cache_misses += 1
-            solution = book.solve(server_ids, percentile)
+            solution = book.solve_composition(composition, percentile)
             if self._cache_size:
                 self._cache[key] = solution
                 if len(self._cache) > self._cache_size:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 QUERY_BUCKETS_S = (
@@ -58,6 +58,29 @@ class _ServersCollector(Collector):
         yield fam
 
 
+class _TaskCountsCollector(Collector):
+    """Per-task counters kept as plain dict increments on the hot path, exported at scrape."""
+
+    def __init__(self, metrics: GatewayMetrics) -> None:
+        self._m = metrics
+
+    def collect(self) -> Iterable[CounterMetricFamily]:
+        tasks = CounterMetricFamily(
+            "tailgate_tasks", "Task outcomes seen by the gateway.", labels=["pool", "status"]
+        )
+        for (pool, status), n in sorted(self._m.task_counts.items()):
+            tasks.add_metric([pool, status], n)
+        yield tasks
+        misses = CounterMetricFamily(
+            "tailgate_task_deadline_misses",
+            "Tasks dequeued after their deadline t_D.",
+            labels=["class", "pool"],
+        )
+        for (cls, pool), n in sorted(self._m.miss_counts.items()):
+            misses.add_metric([cls, pool], n)
+        yield misses
+
+
 class GatewayMetrics:
     """The gateway's first set of metrics."""
 
@@ -77,18 +100,11 @@ class GatewayMetrics:
             buckets=QUERY_BUCKETS_S,
             registry=registry,
         )
-        self.tasks = Counter(
-            "tailgate_tasks_total",
-            "Task outcomes seen by the gateway.",
-            ["pool", "status"],
-            registry=registry,
-        )
-        self.deadline_misses = Counter(
-            "tailgate_task_deadline_misses_total",
-            "Tasks dequeued after their deadline t_D.",
-            ["class", "pool"],
-            registry=registry,
-        )
+        self.task_counts: dict[tuple[str, str], int] = {}
+        """(pool, status) -> tasks; exported as tailgate_tasks_total."""
+        self.miss_counts: dict[tuple[str, str], int] = {}
+        """(class, pool) -> deadline misses; exported as tailgate_task_deadline_misses_total."""
+        registry.register(_TaskCountsCollector(self))
         self.unloaded_latency = Gauge(
             "tailgate_unloaded_latency_seconds",
             "Latest x_p^u(k_f) computed for a class and fanout bucket.",
@@ -100,6 +116,16 @@ class GatewayMetrics:
             "Queries dispatched and not yet answered.",
             registry=registry,
         )
+
+    def task_done(self, pool: str, status: str) -> None:
+        """Count one task outcome."""
+        key = (pool, status)
+        self.task_counts[key] = self.task_counts.get(key, 0) + 1
+
+    def deadline_missed(self, cls: str, pool: str) -> None:
+        """Count one task dequeued after its t_D."""
+        key = (cls, pool)
+        self.miss_counts[key] = self.miss_counts.get(key, 0) + 1
 
     def bind_servers(self, snapshot: Callable[[], Iterable[tuple[str, str]]]) -> None:
         """Export the server registry's (pool, state) pairs at scrape time."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +28,8 @@ class TaskOutcome:
     post_queue_ms: float | None = None
     server_ms: float | None = None
     missed_deadline: bool | None = None
-    result: Any = None
+    result: bytes | None = None
+    """The executor's raw result (JSON for the built-in executors)."""
     error: str | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -40,11 +42,21 @@ class TaskOutcome:
             "post_queue_ms": _r(self.post_queue_ms),
             "server_ms": _r(self.server_ms),
             "missed_deadline": self.missed_deadline,
-            "result": self.result,
+            "result": decode_result(self.result),
         }
         if self.error is not None:
             out["error"] = self.error
         return out
+
+
+def decode_result(raw: bytes | None) -> Any:
+    """A task result as JSON when it is JSON, else as text (decoded only for the answer)."""
+    if not raw:
+        return None
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        return {"raw": raw.decode("utf-8", "replace")}
 
 
 def _r(v: float | None) -> float | None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import logging
 import random
 import time
@@ -288,7 +287,7 @@ class GatewayService:
                 link.cancel_query(run.query_id)
                 status = TIMEOUT if timed_out else CANCELLED
                 run.outcomes[i] = TaskOutcome(link.server_id, status, error=reason)
-                self.metrics.tasks.labels(link.pool, status).inc()
+                self.metrics.task_done(link.pool, status)
 
     def _answer(
         self, req: QueryRequest, run: QueryRun, plan: DeadlinePlan, links: list[ServerLink]
@@ -353,17 +352,11 @@ class GatewayService:
             post_queue_ms = (r.server_ms - r.queue_ms) + net_ms / 2.0
             queue_ms = r.queue_ms + net_ms / 2.0
             missed = bool(r.missed_deadline)
-        self.metrics.tasks.labels(link.pool, status).inc()
+        self.metrics.task_done(link.pool, status)
         if status == OK:
             self.book.observe(link.server_id, post_queue_ms)
             if missed:
-                self.metrics.deadline_misses.labels(p.class_name, link.pool).inc()
-        result: Any = None
-        if r.result:
-            try:
-                result = json.loads(r.result)
-            except ValueError:
-                result = {"raw": r.result.decode("utf-8", "replace")}
+                self.metrics.deadline_missed(p.class_name, link.pool)
         p.run.complete(
             p.index,
             TaskOutcome(
@@ -374,11 +367,11 @@ class GatewayService:
                 post_queue_ms=post_queue_ms,
                 server_ms=r.server_ms,
                 missed_deadline=missed,
-                result=result,
+                result=r.result,
                 error=r.error,
             ),
         )
 
     def _on_failure(self, link: ServerLink, p: PendingTask, status: str, reason: str) -> None:
-        self.metrics.tasks.labels(link.pool, status).inc()
+        self.metrics.task_done(link.pool, status)
         p.run.complete(p.index, TaskOutcome(link.server_id, status, error=reason))

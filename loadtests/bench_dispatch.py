@@ -150,7 +150,7 @@ def main() -> None:
         run = asyncio.run
     if args.serve_echo:
         with contextlib.suppress(KeyboardInterrupt):
-            signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+            signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
             run(_echo_server(0))
         return
     run(main_async(args))
