@@ -58,9 +58,7 @@ def _log_level(percentile: float) -> float:
 def _log1mexp(log_s: np.ndarray) -> np.ndarray:
     """log(1 - e^a) for a <= 0, accurate at both ends (Maechler 2012)."""
     with np.errstate(divide="ignore"):
-        return np.where(
-            log_s < -math.log(2.0), np.log1p(-np.exp(log_s)), np.log(-np.expm1(log_s))
-        )
+        return np.where(log_s < -math.log(2.0), np.log1p(-np.exp(log_s)), np.log(-np.expm1(log_s)))
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -135,9 +133,7 @@ class LatencyCdf:
     def log_survival(self, x_ms: ArrayLike) -> np.ndarray:
         """log P(X > x): 0 below the smallest sample, -inf past the body when no tail."""
         x = np.asarray(x_ms, dtype=np.float64)
-        out = -np.atleast_1d(
-            np.interp(x, self._knots_ms, self._neg_log_sf, left=0.0, right=np.inf)
-        )
+        out = -np.atleast_1d(np.interp(x, self._knots_ms, self._neg_log_sf, left=0.0, right=np.inf))
         if self.tail is not None:
             beyond = np.atleast_1d(x > self.threshold_ms)
             if beyond.any():
@@ -203,9 +199,7 @@ class _Row:
 
     __slots__ = ("cdf", "filled", "group", "members", "pending", "pos", "seen", "window")
 
-    def __init__(
-        self, window: np.ndarray, filled: int, cdf: LatencyCdf, group: str | None
-    ) -> None:
+    def __init__(self, window: np.ndarray, filled: int, cdf: LatencyCdf, group: str | None) -> None:
         self.window = window
         self.filled = filled
         self.pos = filled % window.size
@@ -551,9 +545,7 @@ class CdfBook:
         cdfs = [self._live_row(s).cdf for s in slots.tolist()]
 
         def total(x_ms: float) -> float:
-            return sum(
-                float(c) * float(f.log_cdf(x_ms)) for c, f in zip(counts, cdfs, strict=True)
-            )
+            return sum(float(c) * float(f.log_cdf(x_ms)) for c, f in zip(counts, cdfs, strict=True))
 
         lo_ms = float(self._grid_ms[-1])
         hi_ms = lo_ms * 2.0

@@ -14,12 +14,13 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from taskserver.queues import QueuedTask, create_task_queue
 from taskserver.wire import (
     ONEWAY,
+    Batcher,
     ThriftConnection,
     WireError,
     gateway_body_types,
@@ -53,7 +54,6 @@ class PendingTask:
     """Central queueing: time spent in the gateway's queue for this server."""
     missed_deadline: bool | None = None
     """Central queueing: decided at the gateway's dequeue; None: the server decides."""
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 ResultCallback = Callable[["ServerLink", PendingTask, Any, float], None]
@@ -150,7 +150,12 @@ class ServerLink:
             try:
                 _, conn = await asyncio.wait_for(
                     loop.create_connection(
-                        lambda: ThriftConnection(self._types, self._on_message, self._on_lost),
+                        lambda: ThriftConnection(
+                            self._types,
+                            self._on_message,
+                            self._on_lost,
+                            batcher=Batcher.submit(),
+                        ),
                         self.host,
                         self.port,
                     ),
@@ -254,18 +259,20 @@ class ServerLink:
     def _send(self, p: PendingTask, now: float) -> None:
         assert self._conn is not None
         # Budgets are durations; the dispatch delay is spent before the server sees them.
+        # Positional, in IDL field order (query_id, task_index, deadline_budget_ms,
+        # slo_budget_ms, priority, class_name, payload): this runs once per task.
         task = self._t.Task(
-            query_id=p.run.query_id,
-            task_index=p.index,
-            deadline_budget_ms=(p.deadline_s - now) * 1000.0 - self.one_way_ms,
-            slo_budget_ms=(p.slo_deadline_s - now) * 1000.0 - self.one_way_ms,
-            priority=p.priority,
-            class_name=p.class_name,
-            payload=p.payload,
+            p.run.query_id,
+            p.index,
+            (p.deadline_s - now) * 1000.0 - self.one_way_ms,
+            (p.slo_deadline_s - now) * 1000.0 - self.one_way_ms,
+            p.priority,
+            p.class_name,
+            p.payload,
         )
         p.sent_s = now
         self.tasks_sent += 1
-        self._conn.send("submit", ONEWAY, 0, self._t.TaskServer.submit_args(task=task))
+        self._conn.send_item(task)
 
     def cancel_query(self, query_id: str) -> None:
         """Forget the query's task here and cancel it on the server."""

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from taskserver.metrics import LiteHistogram
 
 QUERY_BUCKETS_S = (
     0.0005,
@@ -93,12 +95,12 @@ class GatewayMetrics:
             ["class", "outcome"],
             registry=registry,
         )
-        self.query_latency = Histogram(
+        self.query_latency = LiteHistogram(
             "tailgate_query_latency_seconds",
             "Query latency from arrival to the last task result.",
             ["class", "fanout"],
-            buckets=QUERY_BUCKETS_S,
-            registry=registry,
+            QUERY_BUCKETS_S,
+            registry,
         )
         self.task_counts: dict[tuple[str, str], int] = {}
         """(pool, status) -> tasks; exported as tailgate_tasks_total."""

@@ -37,10 +37,10 @@ class TaskOutcome:
         out: dict[str, Any] = {
             "server": self.server,
             "status": self.status,
-            "queue_ms": _r(self.queue_ms),
-            "service_ms": _r(self.service_ms),
-            "post_queue_ms": _r(self.post_queue_ms),
-            "server_ms": _r(self.server_ms),
+            "queue_ms": self.queue_ms,
+            "service_ms": self.service_ms,
+            "post_queue_ms": self.post_queue_ms,
+            "server_ms": self.server_ms,
             "missed_deadline": self.missed_deadline,
             "result": decode_result(self.result),
         }
@@ -49,18 +49,17 @@ class TaskOutcome:
         return out
 
 
+_decode_json = json.JSONDecoder().decode
+
+
 def decode_result(raw: bytes | None) -> Any:
     """A task result as JSON when it is JSON, else as text (decoded only for the answer)."""
     if not raw:
         return None
     try:
-        return json.loads(raw.decode("utf-8"))
+        return _decode_json(raw.decode("utf-8"))
     except (ValueError, UnicodeDecodeError):
         return {"raw": raw.decode("utf-8", "replace")}
-
-
-def _r(v: float | None) -> float | None:
-    return None if v is None else round(v, 4)
 
 
 class QueryRun:
@@ -70,7 +69,7 @@ class QueryRun:
     not: the query is lost then, and waiting for its siblings only wastes them.
     """
 
-    __slots__ = ("done", "failed", "fanout", "outcomes", "query_id", "remaining", "t0")
+    __slots__ = ("done", "expired", "failed", "fanout", "outcomes", "query_id", "remaining", "t0")
 
     def __init__(self, query_id: str, fanout: int, t0: float) -> None:
         self.query_id = query_id
@@ -79,6 +78,7 @@ class QueryRun:
         self.outcomes: list[TaskOutcome | None] = [None] * fanout
         self.remaining = fanout
         self.failed = False
+        self.expired = False
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def complete(self, index: int, outcome: TaskOutcome) -> None:
@@ -90,4 +90,10 @@ class QueryRun:
         if outcome.status != OK:
             self.failed = True
         if (self.failed or self.remaining == 0) and not self.done.done():
+            self.done.set_result(None)
+
+    def expire(self) -> None:
+        """SLO + grace has passed: decide the query with what it has."""
+        if not self.done.done():
+            self.expired = True
             self.done.set_result(None)

@@ -34,11 +34,22 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class QueryAnswer:
-    """HTTP status, body and headers of a query's answer."""
+    """HTTP status, body and headers of a query's answer.
+
+    The per-task part of the body is rendered on first access: the query is
+    decided (status, metrics, CDFs) without it, and only the HTTP shell pays
+    for decoding task results into the JSON answer.
+    """
 
     status: int
-    body: dict[str, Any]
+    summary: dict[str, Any]
+    outcomes: list[TaskOutcome]
     headers: dict[str, str]
+
+    @property
+    def body(self) -> dict[str, Any]:
+        """The JSON answer: the summary plus every task's outcome."""
+        return {**self.summary, "tasks": [o.to_json() for o in self.outcomes]}
 
 
 class GatewayService:
@@ -260,20 +271,19 @@ class GatewayService:
                 except LinkDown as exc:
                     run.complete(i, TaskOutcome(link.server_id, LOST, error=str(exc)))
                     break
+            # Never later than SLO + grace: one timer per query resolves `done` if still open.
             timeout_s = slo_deadline_s + self.config.grace_ms / 1000.0 - self.clock()
+            timer = asyncio.get_running_loop().call_later(max(timeout_s, 0.0), run.expire)
             try:
-                await asyncio.wait_for(asyncio.shield(run.done), max(timeout_s, 0.0))
-            except TimeoutError:
-                pass
+                await run.done
             except asyncio.CancelledError:
                 self._abandon(run, links, "client went away")
                 raise
-            if not run.done.done() or run.failed:
-                self._abandon(
-                    run,
-                    links,
-                    "query timed out" if not run.done.done() else "a sibling task failed",
-                )
+            finally:
+                timer.cancel()
+            if run.expired or run.failed:
+                reason = "query timed out" if run.expired else "a sibling task failed"
+                self._abandon(run, links, reason)
         finally:
             self._inflight.pop(qid, None)
             self.metrics.inflight.dec()
@@ -281,7 +291,7 @@ class GatewayService:
 
     def _abandon(self, run: QueryRun, links: list[ServerLink], reason: str) -> None:
         """Cancel every task of the query that has no outcome yet."""
-        timed_out = not run.failed
+        timed_out = run.expired
         for i, link in enumerate(links):
             if run.outcomes[i] is None:
                 link.cancel_query(run.query_id)
@@ -307,7 +317,6 @@ class GatewayService:
             "estimate": plan.estimate,
             "latency_ms": round(latency_ms, 4),
             "met_slo": statuses == {OK} and latency_ms <= req.slo_ms,
-            "tasks": [o.to_json() for o in outcomes],
         }
         headers: dict[str, str] = {}
         if statuses == {OK}:
@@ -334,7 +343,7 @@ class GatewayService:
                 message = f"task on server {first.server} {first.status}: {first.error}"
             body["error"] = {"code": code, "message": message, "field": None}
         self.metrics.queries.labels(cls, outcome).inc()
-        return QueryAnswer(status, body, headers)
+        return QueryAnswer(status, body, outcomes, headers)
 
     # -- link callbacks ------------------------------------------------------
     def _on_result(self, link: ServerLink, p: PendingTask, r: Any, now: float) -> None:
@@ -357,20 +366,19 @@ class GatewayService:
             self.book.observe(link.server_id, post_queue_ms)
             if missed:
                 self.metrics.deadline_missed(p.class_name, link.pool)
-        p.run.complete(
-            p.index,
-            TaskOutcome(
-                server=link.server_id,
-                status=status,
-                queue_ms=queue_ms,
-                service_ms=r.service_ms,
-                post_queue_ms=post_queue_ms,
-                server_ms=r.server_ms,
-                missed_deadline=missed,
-                result=r.result,
-                error=r.error,
-            ),
+        # Positional: this runs once per task (field order of TaskOutcome).
+        outcome = TaskOutcome(
+            link.server_id,
+            status,
+            queue_ms,
+            r.service_ms,
+            post_queue_ms,
+            r.server_ms,
+            missed,
+            r.result,
+            r.error,
         )
+        p.run.complete(p.index, outcome)
 
     def _on_failure(self, link: ServerLink, p: PendingTask, status: str, reason: str) -> None:
         self.metrics.task_done(link.pool, status)

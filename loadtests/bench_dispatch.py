@@ -1,11 +1,13 @@
 """Gateway dispatch throughput against a raw asyncio-streams echo on loopback.
 
-Both runs use the same shape: ``servers`` server processes on loopback, one
+Both runs use the same shape: ``fanout`` server processes on loopback, one
 connection to each, many requests in flight, small framed messages (~100 B,
 the size of a Task frame). The yardstick echoes frames with asyncio streams
 and does nothing else; the gateway run drives the real query path in-process
-(GatewayService.run_query: deadline planning, Thrift encode, dispatch, result
-decode, CDF update, answer) against real task servers with zero service time.
+(GatewayService.run_query: target pick, x_p^u and t_D, Thrift encode and
+dispatch, result decode, CDF update, query decided) against real task servers
+with zero service time. HTTP parsing is outside both; a third figure adds
+rendering each answer's JSON body (decoding every task's result).
 
     python -m loadtests.bench_dispatch [--seconds 5] [--fanout 10] [--concurrency 64]
 """
@@ -17,6 +19,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import statistics
 import struct
 import sys
 import time
@@ -51,8 +54,12 @@ async def raw_echo_rate(servers: int, window: int, seconds: float) -> float:
     ports = []
     for _ in range(servers):
         p = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "loadtests.bench_dispatch", "--serve-echo",
-            stdout=asyncio.subprocess.PIPE, env=dict(os.environ, PYTHONUNBUFFERED="1"),
+            sys.executable,
+            "-m",
+            "loadtests.bench_dispatch",
+            "--serve-echo",
+            stdout=asyncio.subprocess.PIPE,
+            env=dict(os.environ, PYTHONUNBUFFERED="1"),
         )
         assert p.stdout is not None
         ports.append(int(await asyncio.wait_for(p.stdout.readline(), 20)))
@@ -87,7 +94,9 @@ async def raw_echo_rate(servers: int, window: int, seconds: float) -> float:
             await p.wait()
 
 
-async def gateway_rate(servers: int, fanout: int, concurrency: int, seconds: float) -> tuple[float, float]:
+async def gateway_rate(
+    servers: int, fanout: int, concurrency: int, seconds: float, render: bool = False
+) -> tuple[float, float]:
     """(tasks/s, queries/s) through GatewayService.run_query."""
     async with ServerProcs(
         servers, ["--service-kind", "constant", "--service-value-ms", "0", "--slots", "1000"]
@@ -106,6 +115,8 @@ async def gateway_rate(servers: int, fanout: int, concurrency: int, seconds: flo
             nonlocal queries, failures
             while time.perf_counter() < stop_at:
                 ans = await svc.run_query(req)
+                if render:
+                    ans.body  # noqa: B018 - rendering the JSON answer is what is measured
                 if ans.status == 200:
                     queries += 1
                 else:
@@ -114,24 +125,57 @@ async def gateway_rate(servers: int, fanout: int, concurrency: int, seconds: flo
         stop_at = time.perf_counter() + 0.5
         await asyncio.gather(*(worker() for _ in range(concurrency)))  # warm-up
         queries = failures = 0
+        cpu0 = _cpu_s(os.getpid()), sum(_cpu_s(p.pid) for p in sp.procs)
         start = time.perf_counter()
         stop_at = start + seconds
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         elapsed = time.perf_counter() - start
+        cpu1 = _cpu_s(os.getpid()), sum(_cpu_s(p.pid) for p in sp.procs)
         await svc.stop()
         if failures:
             print(f"  ({failures} queries failed)")
-        return queries * fanout / elapsed, queries / elapsed
+        tasks = queries * fanout
+        print(
+            f"  CPU per task: gateway {(cpu1[0] - cpu0[0]) / tasks * 1e6:.1f} µs, "
+            f"task servers {(cpu1[1] - cpu0[1]) / tasks * 1e6:.1f} µs "
+            f"(user+system, from /proc)"
+        )
+        return tasks / elapsed, queries / elapsed
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def main_async(args: argparse.Namespace) -> None:
-    echo = await raw_echo_rate(args.fanout, args.concurrency, args.seconds)
-    tasks, queries = await gateway_rate(args.fanout, args.fanout, args.concurrency, args.seconds)
-    print(f"raw asyncio-streams echo: {echo:,.0f} round trips/s "
-          f"({args.fanout} connections x {args.concurrency} in flight)")
-    print(f"gateway dispatch:         {tasks:,.0f} tasks/s = {queries:,.0f} queries/s "
-          f"(fanout {args.fanout}, {args.concurrency} queries in flight, zero service time)")
-    print(f"ratio gateway/raw:        {tasks / echo:.2f}")
+    # Interleaved rounds, medians reported: a shared 2-core VM drifts by ±15% run to run.
+    k, c, t = args.fanout, args.concurrency, args.seconds
+    echos, rates, rendered = [], [], []
+    for r in range(args.rounds):
+        echos.append(await raw_echo_rate(k, c, t))
+        rates.append(await gateway_rate(k, k, c, t))
+        rendered.append(await gateway_rate(k, k, c, t, render=True))
+        print(
+            f"  round {r + 1}: echo {echos[-1]:,.0f}/s, gateway {rates[-1][0]:,.0f} tasks/s "
+            f"(ratio {rates[-1][0] / echos[-1]:.2f}), with answers rendered "
+            f"{rendered[-1][0]:,.0f} tasks/s"
+        )
+    echo = statistics.median(echos)
+    tasks, queries = sorted(rates)[len(rates) // 2]
+    full, _ = sorted(rendered)[len(rendered) // 2]
+    print(f"raw asyncio-streams echo: {echo:,.0f} round trips/s ({k} connections x {c} in flight)")
+    print(
+        f"gateway dispatch:         {tasks:,.0f} tasks/s = {queries:,.0f} queries/s "
+        f"(fanout {k}, {c} queries in flight, zero service time)"
+    )
+    print(f"ratio gateway/raw:        {tasks / echo:.2f} (medians of {args.rounds} rounds)")
+    print(
+        f"with JSON answers built:  {full:,.0f} tasks/s (ratio {full / echo:.2f}): "
+        "adds decoding each task's result into the answer body"
+    )
 
 
 def main() -> None:
@@ -140,6 +184,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--fanout", type=int, default=10)
     parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--serve-echo", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     try:

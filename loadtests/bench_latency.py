@@ -34,8 +34,16 @@ def _pct(xs: list[float], p: float) -> float:
 
 async def _start_gateway() -> tuple[asyncio.subprocess.Process, str]:
     p = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "deploy.cli", "--log-level", "WARNING", "gateway", "--port", "0",
-        stdout=asyncio.subprocess.PIPE, env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        sys.executable,
+        "-m",
+        "deploy.cli",
+        "--log-level",
+        "WARNING",
+        "gateway",
+        "--port",
+        "0",
+        stdout=asyncio.subprocess.PIPE,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
     )
     assert p.stdout is not None
     info = json.loads(await asyncio.wait_for(p.stdout.readline(), 20))
@@ -46,9 +54,12 @@ async def measure(fanout: int, queries: int) -> dict[str, float]:
     """Run `queries` sequential queries of this fanout; return percentiles in µs."""
     gw, url = await _start_gateway()
     try:
-        async with ServerProcs(
-            fanout, ["--service-kind", "constant", "--service-value-ms", "0", "--slots", "4"]
-        ) as sp, aiohttp.ClientSession() as http:
+        async with (
+            ServerProcs(
+                fanout, ["--service-kind", "constant", "--service-value-ms", "0", "--slots", "4"]
+            ) as sp,
+            aiohttp.ClientSession() as http,
+        ):
             for sid, addr in sp.addresses.items():
                 body = {"id": sid, "address": addr, "pool": "default", "slots": 4}
                 async with http.post(url + "/v1/servers", json=body) as r:
@@ -76,28 +87,36 @@ async def measure(fanout: int, queries: int) -> dict[str, float]:
         gw.send_signal(signal.SIGTERM)
         await gw.wait()
     return {
-        "added_p50": statistics.median(added), "added_p99": _pct(added, 99),
-        "internal_p50": statistics.median(internal), "internal_p99": _pct(internal, 99),
-        "client_p50": statistics.median(client), "client_p99": _pct(client, 99),
+        "added_p50": statistics.median(added),
+        "added_p99": _pct(added, 99),
+        "internal_p50": statistics.median(internal),
+        "internal_p99": _pct(internal, 99),
+        "client_p50": statistics.median(client),
+        "client_p99": _pct(client, 99),
     }
 
 
 async def main_async(args: argparse.Namespace) -> None:
-    print(f"{'fanout':>6} | {'gateway-added p50/p99 (µs)':>27} | {'gateway latency_ms p50/p99 (µs)':>31} "
-          f"| {'client-observed p50/p99 (µs)':>29}")
+    print(
+        f"{'fanout':>6} | {'gateway-added p50/p99 (µs)':>27} | {'gateway latency_ms p50/p99 (µs)':>31} "
+        f"| {'client-observed p50/p99 (µs)':>29}"
+    )
     for k in args.fanouts:
         m = await measure(k, args.queries)
-        print(f"{k:>6} | {m['added_p50']:>12.0f} / {m['added_p99']:>12.0f} | "
-              f"{m['internal_p50']:>14.0f} / {m['internal_p99']:>14.0f} | "
-              f"{m['client_p50']:>13.0f} / {m['client_p99']:>13.0f}")
+        print(
+            f"{k:>6} | {m['added_p50']:>12.0f} / {m['added_p99']:>12.0f} | "
+            f"{m['internal_p50']:>14.0f} / {m['internal_p99']:>14.0f} | "
+            f"{m['client_p50']:>13.0f} / {m['client_p99']:>13.0f}"
+        )
 
 
 def main() -> None:
     """Parse options and run."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--queries", type=int, default=2000)
-    parser.add_argument("--fanouts", default="1,10,100",
-                        type=lambda s: [int(x) for x in s.split(",") if x])
+    parser.add_argument(
+        "--fanouts", default="1,10,100", type=lambda s: [int(x) for x in s.split(",") if x]
+    )
     args = parser.parse_args()
     asyncio.run(main_async(args))
 

@@ -59,16 +59,20 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     start = time.perf_counter()
     book = build_book(args.servers, args.samples, rng)
-    print(f"built {args.servers} servers x {args.samples} samples in "
-          f"{time.perf_counter() - start:.2f} s")
+    print(
+        f"built {args.servers} servers x {args.samples} samples in "
+        f"{time.perf_counter() - start:.2f} s"
+    )
     ids = [f"srv-{i}" for i in range(args.servers)]
     p = args.percentile
 
     for k in fanouts:
         if k > args.servers:
             continue
-        picks = [[ids[j] for j in rng.choice(args.servers, k, replace=False)]
-                 for _ in range(args.repeats)]
+        picks = [
+            [ids[j] for j in rng.choice(args.servers, k, replace=False)]
+            for _ in range(args.repeats)
+        ]
         for chosen in picks[:50]:  # warm-up
             book.solve(chosen, p)
         us = time_calls_us([partial(book.solve, chosen, p) for chosen in picks])
@@ -87,8 +91,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     for k in fanouts:
         if k > args.servers:
             continue
-        picks = [[ids[j] for j in rng.choice(args.servers, k, replace=False)]
-                 for _ in range(args.repeats)]
+        picks = [
+            [ids[j] for j in rng.choice(args.servers, k, replace=False)]
+            for _ in range(args.repeats)
+        ]
         # No cache: every call pays composition_key + solve (k = all servers would hit).
         estimator = DeadlineEstimator(book, cache_size=0)
         us = time_calls_us([partial(estimator.plan, chosen, p, 1e6) for chosen in picks])

@@ -26,9 +26,19 @@ class ServerProcs:
         for i in range(self.n):
             sid = f"{self.prefix}-{i + 1}"
             p = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "deploy.cli", "--log-level", "WARNING",
-                "taskserver", "--id", sid, "--port", "0", *self.extra_args,
-                stdout=asyncio.subprocess.PIPE, env=env,
+                sys.executable,
+                "-m",
+                "deploy.cli",
+                "--log-level",
+                "WARNING",
+                "taskserver",
+                "--id",
+                sid,
+                "--port",
+                "0",
+                *self.extra_args,
+                stdout=asyncio.subprocess.PIPE,
+                env=env,
             )
             self.procs.append(p)
         for p in self.procs:
@@ -45,6 +55,6 @@ class ServerProcs:
         for p in self.procs:
             try:
                 await asyncio.wait_for(p.wait(), 5)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 p.kill()
                 await p.wait()

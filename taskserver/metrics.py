@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Sequence
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.registry import Collector
 
 # Task times span sub-millisecond key-value lookups to second-long inference.
 TASK_BUCKETS_S = (
@@ -25,6 +28,69 @@ TASK_BUCKETS_S = (
     5.0,
     10.0,
 )
+
+
+class HistogramChild:
+    """One label set of a LiteHistogram."""
+
+    __slots__ = ("_bounds", "counts", "total")
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self._bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        """Count one observation."""
+        self.counts[bisect_left(self._bounds, value)] += 1
+        self.total += value
+
+
+class LiteHistogram(Collector):
+    """A Prometheus histogram for the per-task hot path.
+
+    prometheus_client's Histogram takes a lock per bucket increment (~2 µs an
+    observation); our services observe from one event-loop thread, so plain
+    integer counts exported at scrape time are exact and ten times cheaper.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labelnames: Sequence[str],
+        buckets: Sequence[float],
+        registry: CollectorRegistry,
+    ) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.labelnames = list(labelnames)
+        self.bounds = tuple(sorted(buckets))
+        self._children: dict[tuple[str, ...], HistogramChild] = {}
+        registry.register(self)
+
+    def labels(self, *values: str) -> HistogramChild:
+        """The child for these label values (created on first use)."""
+        child = self._children.get(values)
+        if child is None:
+            if len(values) != len(self.labelnames):
+                raise ValueError(f"{self.name}: expected labels {self.labelnames}, got {values}")
+            child = self._children[values] = HistogramChild(self.bounds)
+        return child
+
+    def collect(self) -> Iterable[HistogramMetricFamily]:
+        fam = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        for values, child in sorted(self._children.items()):
+            cumulative, buckets = 0, []
+            for bound, n in zip((*self.bounds, float("inf")), child.counts, strict=True):
+                cumulative += n
+                buckets.append((_le(bound), cumulative))
+            fam.add_metric(list(values), buckets, child.total)
+        yield fam
+
+
+def _le(bound: float) -> str:
+    return "+Inf" if bound == float("inf") else repr(float(bound))
 
 
 class TaskServerMetrics:
@@ -49,20 +115,20 @@ class TaskServerMetrics:
             ["server"],
             registry=registry,
         ).labels(**labels)
-        self.queue_wait = Histogram(
+        self.queue_wait = LiteHistogram(
             "tailgate_taskserver_queue_wait_seconds",
             "Receipt to dequeue on this server.",
             ["server"],
-            buckets=TASK_BUCKETS_S,
-            registry=registry,
-        ).labels(**labels)
-        self.service = Histogram(
+            TASK_BUCKETS_S,
+            registry,
+        ).labels(server_id)
+        self.service = LiteHistogram(
             "tailgate_taskserver_service_seconds",
             "Dequeue to executor done.",
             ["server"],
-            buckets=TASK_BUCKETS_S,
-            registry=registry,
-        ).labels(**labels)
+            TASK_BUCKETS_S,
+            registry,
+        ).labels(server_id)
         self.queue_depth = Gauge(
             "tailgate_taskserver_queue_depth",
             "Tasks waiting in the policy queue.",

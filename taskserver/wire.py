@@ -124,6 +124,48 @@ def gateway_body_types() -> dict[tuple[str, int], type]:
 MessageHandler = Callable[[str, int, int, Any], None]
 
 
+class Batcher:
+    """How one kind of oneway item is coalesced: ``single`` for one, ``batch`` for many.
+
+    ``Batcher.submit()`` sends tasks as ``submit``/``submit_batch``; ``Batcher.result()``
+    sends results as ``result``/``result_batch``. A batch saves a message header and a
+    frame per item, and the peer decodes the whole list in one C call.
+    """
+
+    __slots__ = (
+        "batch_args",
+        "batch_field",
+        "batch_name",
+        "single_args",
+        "single_field",
+        "single_name",
+    )
+
+    def __init__(self, svc: Any, single: str, single_field: str, batch: str, batch_field: str):
+        self.single_name, self.single_args = single, getattr(svc, f"{single}_args")
+        self.single_field = single_field
+        self.batch_name, self.batch_args = batch, getattr(svc, f"{batch}_args")
+        self.batch_field = batch_field
+
+    @classmethod
+    def submit(cls) -> Batcher:
+        """Tasks from the gateway to a task server."""
+        return cls(thrift().TaskServer, "submit", "task", "submit_batch", "tasks")
+
+    @classmethod
+    def result(cls) -> Batcher:
+        """Results from a task server back to the gateway."""
+        return cls(thrift().TaskSink, "result", "result", "result_batch", "results")
+
+    def encode(self, items: list[Any]) -> bytes:
+        """One framed oneway message carrying the items."""
+        if len(items) == 1:
+            body = self.single_args(**{self.single_field: items[0]})
+            return encode_message(self.single_name, ONEWAY, 0, body)
+        body = self.batch_args(**{self.batch_field: items})
+        return encode_message(self.batch_name, ONEWAY, 0, body)
+
+
 class ThriftConnection(asyncio.Protocol):
     """One duplex framed-Thrift connection.
 
@@ -138,8 +180,11 @@ class ThriftConnection(asyncio.Protocol):
         on_message: MessageHandler,
         on_lost: Callable[[Exception | None], None] | None = None,
         max_frame_bytes: int = MAX_FRAME_BYTES,
+        batcher: Batcher | None = None,
     ) -> None:
         self._body_types = body_types
+        self._batcher = batcher
+        self._items: list[Any] = []
         self._on_message = on_message
         self._on_lost = on_lost
         self._max_frame = max_frame_bytes
@@ -189,6 +234,7 @@ class ThriftConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self._out.clear()
+        self._items.clear()
         err = ConnectionClosed(f"connection lost: {exc}" if exc else "connection closed")
         calls, self._calls = self._calls, {}
         for fut in calls.values():
@@ -216,15 +262,34 @@ class ThriftConnection(asyncio.Protocol):
         """Queue one message; it is written at the end of this loop iteration."""
         if self.closed:
             raise ConnectionClosed("connection is closed")
+        if self._items:
+            self._seal_items()  # keep the order in which things were sent
         self._out.append(encode_message(name, mtype, seqid, body))
         if not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
 
+    def send_item(self, item: Any) -> None:
+        """Queue one item of this connection's batched oneway call (see Batcher)."""
+        if self.closed:
+            raise ConnectionClosed("connection is closed")
+        self._items.append(item)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _seal_items(self) -> None:
+        assert self._batcher is not None, "send_item needs a Batcher"
+        items, self._items = self._items, []
+        self._out.append(self._batcher.encode(items))
+
     def _flush(self) -> None:
         self._flush_scheduled = False
+        if self._items and not self.closed:
+            self._seal_items()
         if self.closed or self.transport is None or not self._out:
             self._out.clear()
+            self._items.clear()
             return
         out, self._out = self._out, []
         self.transport.write(b"".join(out) if len(out) > 1 else out[0])

@@ -75,3 +75,13 @@ def test_garbage_aborts_the_connection() -> None:
     conn2.connection_made(tr2)  # type: ignore[arg-type]
     conn2.data_received(b"\x00\x00\x00\x05hello")
     assert tr2.aborted and not got
+
+
+def test_positional_construction_matches_the_idl_field_order() -> None:
+    # links.py and server.py build Task and TaskResult positionally on the hot path.
+    t = thrift()
+    names = lambda cls: [spec[1] for _, spec in sorted(cls.thrift_spec.items())]  # noqa: E731
+    assert names(t.Task) == ["query_id", "task_index", "deadline_budget_ms", "slo_budget_ms",
+                             "priority", "class_name", "payload"]
+    assert names(t.TaskResult) == ["query_id", "task_index", "status", "queue_ms", "service_ms",
+                                   "server_ms", "missed_deadline", "result", "error"]
