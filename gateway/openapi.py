@@ -93,6 +93,8 @@ _ANSWER = {
         "estimate": {"type": "string", "enum": ["empirical", "tail-model"]},
         "latency_ms": {"type": "number"},
         "met_slo": {"type": "boolean"},
+        "dispatch_ms": {"type": "number", "description": "arrival to last task handed to the wire"},
+        "merge_ms": {"type": "number", "description": "deciding task outcome to answer ready"},
         "tasks": {"type": "array", "items": {"$ref": "#/components/schemas/TaskOutcome"}},
         "error": _ERROR["properties"]["error"],
     },

@@ -69,20 +69,35 @@ class QueryRun:
     not: the query is lost then, and waiting for its siblings only wastes them.
     """
 
-    __slots__ = ("done", "expired", "failed", "fanout", "outcomes", "query_id", "remaining", "t0")
+    __slots__ = (
+        "done",
+        "expired",
+        "failed",
+        "fanout",
+        "outcomes",
+        "query_id",
+        "remaining",
+        "t0",
+        "t_last",
+        "t_sent",
+    )
 
     def __init__(self, query_id: str, fanout: int, t0: float) -> None:
         self.query_id = query_id
         self.fanout = fanout
         self.t0 = t0
+        self.t_sent = t0
+        """When the last task was handed to its link (dispatch done)."""
+        self.t_last = t0
+        """When the outcome that decided the query arrived."""
         self.outcomes: list[TaskOutcome | None] = [None] * fanout
         self.remaining = fanout
         self.failed = False
         self.expired = False
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
-    def complete(self, index: int, outcome: TaskOutcome) -> None:
-        """Record one task's outcome."""
+    def complete(self, index: int, outcome: TaskOutcome, now: float = 0.0) -> None:
+        """Record one task's outcome (``now``: when it arrived)."""
         if self.outcomes[index] is not None:
             return
         self.outcomes[index] = outcome
@@ -90,6 +105,7 @@ class QueryRun:
         if outcome.status != OK:
             self.failed = True
         if (self.failed or self.remaining == 0) and not self.done.done():
+            self.t_last = now
             self.done.set_result(None)
 
     def expire(self) -> None:

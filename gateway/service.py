@@ -269,8 +269,9 @@ class GatewayService:
                 try:
                     link.dispatch(p)
                 except LinkDown as exc:
-                    run.complete(i, TaskOutcome(link.server_id, LOST, error=str(exc)))
+                    run.complete(i, TaskOutcome(link.server_id, LOST, error=str(exc)), self.clock())
                     break
+            run.t_sent = self.clock()
             # Never later than SLO + grace: one timer per query resolves `done` if still open.
             timeout_s = slo_deadline_s + self.config.grace_ms / 1000.0 - self.clock()
             timer = asyncio.get_running_loop().call_later(max(timeout_s, 0.0), run.expire)
@@ -302,7 +303,8 @@ class GatewayService:
     def _answer(
         self, req: QueryRequest, run: QueryRun, plan: DeadlinePlan, links: list[ServerLink]
     ) -> QueryAnswer:
-        latency_ms = (self.clock() - run.t0) * 1000.0
+        now = self.clock()
+        latency_ms = (now - run.t0) * 1000.0
         cls = req.class_name or "custom"
         outcomes = [o for o in run.outcomes if o is not None]
         statuses = {o.status for o in outcomes}
@@ -317,6 +319,10 @@ class GatewayService:
             "estimate": plan.estimate,
             "latency_ms": round(latency_ms, 4),
             "met_slo": statuses == {OK} and latency_ms <= req.slo_ms,
+            # The gateway's own share of the latency: request to last task handed to the wire,
+            # and deciding outcome to answer (the rest is the wire and the servers).
+            "dispatch_ms": (run.t_sent - run.t0) * 1000.0,
+            "merge_ms": (now - run.t_last) * 1000.0 if not run.expired else 0.0,
         }
         headers: dict[str, str] = {}
         if statuses == {OK}:
@@ -378,8 +384,8 @@ class GatewayService:
             r.result,
             r.error,
         )
-        p.run.complete(p.index, outcome)
+        p.run.complete(p.index, outcome, now)
 
     def _on_failure(self, link: ServerLink, p: PendingTask, status: str, reason: str) -> None:
         self.metrics.task_done(link.pool, status)
-        p.run.complete(p.index, TaskOutcome(link.server_id, status, error=reason))
+        p.run.complete(p.index, TaskOutcome(link.server_id, status, error=reason), self.clock())
