@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 
 import aiohttp
@@ -179,6 +180,42 @@ async def test_killed_server_fails_the_query_fast_and_cancels_siblings(
     assert status == 503 and body["error"]["code"] == "servers_down", body
     assert headers["Retry-After"] == "1"
     assert body["servers_down"] == ["ts-1"]
+
+
+async def test_hung_server_is_marked_down_by_heartbeat_and_the_query_fails(
+    cluster: Cluster, http: aiohttp.ClientSession
+) -> None:
+    # A stopped process keeps its socket open: only the missed heartbeat reveals it.
+    gw = cluster.gateway("[gateway]\nheartbeat_s = 0.2\nheartbeat_timeout_s = 1.0\n")
+    a, _b = await _servers(cluster, http, gw, 2)
+    pending = asyncio.create_task(
+        query(
+            http,
+            gw,
+            {
+                "slo": {"percentile": 99, "latency_ms": 20_000},
+                "targets": {"pool": "default", "all": True},
+                "task": {"service_ms": 10_000},
+            },
+        )
+    )
+    await asyncio.sleep(0.2)
+    a.popen.send_signal(signal.SIGSTOP)
+    t0 = time.monotonic()
+    try:
+        status, body, _ = await pending
+        elapsed = time.monotonic() - t0
+        assert status == 502, body
+        assert elapsed < 3.0, f"took {elapsed:.2f} s to notice a hung server"
+        by_server = {t["server"]: t for t in body["tasks"]}
+        assert by_server["ts-1"]["status"] == "lost"
+        assert by_server["ts-2"]["status"] == "cancelled"
+        view = await wait_until(lambda s: s["state"] == "down", http, gw, "ts-1")
+        assert "heartbeat" in view["last_error"]
+    finally:
+        a.popen.send_signal(signal.SIGCONT)
+    # Once it answers again, the link comes back by itself.
+    await wait_until(lambda s: s["state"] == "up", http, gw, "ts-1")
 
 
 async def test_query_past_slo_plus_grace_gets_504_and_is_cancelled(

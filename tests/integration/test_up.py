@@ -30,8 +30,12 @@ def _children(pid: int) -> list[int]:
 
 
 def _post(url: str, body: dict) -> tuple[int, dict]:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
     try:
         with urllib.request.urlopen(req, timeout=30) as r:
             return r.status, json.loads(r.read())
@@ -44,9 +48,25 @@ def test_up_serves_both_pools_and_ctrl_c_stops_everything() -> None:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.pop("TAILGATE_CONFIG", None)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "deploy.cli", "--log-level", "WARNING", "up",
-         "--servers", "3", "--edge-agents", "2", "--port", str(port)],
-        cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
+        [
+            sys.executable,
+            "-m",
+            "deploy.cli",
+            "--log-level",
+            "WARNING",
+            "up",
+            "--servers",
+            "3",
+            "--edge-agents",
+            "2",
+            "--port",
+            str(port),
+        ],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        text=True,
     )
     try:
         banner = []
@@ -65,8 +85,10 @@ def test_up_serves_both_pools_and_ctrl_c_stops_everything() -> None:
         children = _children(proc.pid)
         assert len(children) == 5
         url = f"http://127.0.0.1:{port}/v1/queries"
-        status, ans = _post(url, {"class": "A", "targets": {"pool": "default", "all": True},
-                                  "task": {"service_ms": 2}})
+        status, ans = _post(
+            url,
+            {"class": "A", "targets": {"pool": "default", "all": True}, "task": {"service_ms": 2}},
+        )
         assert status == 200, ans
         assert ans["fanout"] == 3
         status, ans = _post(url, {"class": "C", "targets": {"pool": "edge", "all": True}})
@@ -74,6 +96,23 @@ def test_up_serves_both_pools_and_ctrl_c_stops_everything() -> None:
         assert sorted(t["server"] for t in ans["tasks"]) == ["edge-1", "edge-2"]
         # Emulated sensing agents draw from the edge pool's profile (lognormal, median 20 ms).
         assert all(t["service_ms"] > 1.0 for t in ans["tasks"])
+        # The bundled client: an answer on stdout, exit 0; a bad query names the field, exit 1.
+        cli = [sys.executable, "-m", "deploy.cli", "query", "--url", f"http://127.0.0.1:{port}"]
+        ok = subprocess.run(
+            [*cli, "--class", "B", "--fanout", "2", "--task", '{"echo": 7}'],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert ok.returncode == 0, ok.stderr
+        answer = json.loads(ok.stdout)
+        assert answer["fanout"] == 2 and [t["result"]["echo"] for t in answer["tasks"]] == [7, 7]
+        bad = subprocess.run(
+            [*cli, "--fanout", "0"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60
+        )
+        assert bad.returncode == 1
+        assert "HTTP 400" in bad.stderr and "targets.fanout" in bad.stderr
         proc.send_signal(signal.SIGINT)
         proc.wait(15)
         assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""

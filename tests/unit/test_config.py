@@ -80,15 +80,24 @@ def test_env_names_the_file(tmp_path: Path) -> None:
         ({"gateway": {"prot": 80}}, "gateway.prot", "unknown key"),
         ({"classes": [{"name": "A", "latency_ms": -1}]}, "classes[0].latency_ms", "> 0"),
         ({"classes": [{"name": "A"}]}, "classes[0].latency_ms", "required"),
-        ({"classes": [{"name": "A", "latency_ms": 5, "percentile": 100}]},
-         "classes[0].percentile", "(0, 100)"),
+        (
+            {"classes": [{"name": "A", "latency_ms": 5, "percentile": 100}]},
+            "classes[0].percentile",
+            "(0, 100)",
+        ),
         ({"pools": [{"name": "p", "queueing": "sideways"}]}, "pools[0].queueing", "'sideways'"),
-        ({"pools": [{"name": "p", "servers": [{"id": "a", "address": "nope"}]}]},
-         "pools[0].servers[0].address", "host:port"),
+        (
+            {"pools": [{"name": "p", "servers": [{"id": "a", "address": "nope"}]}]},
+            "pools[0].servers[0].address",
+            "host:port",
+        ),
         ({"taskserver": {"policy": "edf"}}, "taskserver.policy", "'edf'"),
         ({"taskserver": {"slots": 0}}, "taskserver.slots", ">= 1"),
-        ({"taskserver": {"service": {"kind": "exponential", "mean_ms": "fast"}}},
-         "taskserver.service.mean_ms", "expected a number"),
+        (
+            {"taskserver": {"service": {"kind": "exponential", "mean_ms": "fast"}}},
+            "taskserver.service.mean_ms",
+            "expected a number",
+        ),
         ({"frontend": {}}, "frontend", "unknown section"),
     ],
 )
@@ -105,18 +114,27 @@ def test_cli_reports_bad_config_and_exits_nonzero(tmp_path: Path) -> None:
     f.write_text("[gateway]\ngrace_ms = -3\n")
     proc = subprocess.run(
         [sys.executable, "-m", "deploy.cli", "--config", str(f), "config"],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 2
     assert "gateway.grace_ms: must be >= 0, got -3" in proc.stderr
     f.write_text("[gateway\n")
     proc = subprocess.run(
         [sys.executable, "-m", "deploy.cli", "--config", str(f), "config"],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 2 and "not valid TOML" in proc.stderr
     proc = subprocess.run(
         [sys.executable, "-m", "deploy.cli", "--config", str(tmp_path / "missing.toml"), "config"],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 2 and "cannot read config file" in proc.stderr

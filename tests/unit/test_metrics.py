@@ -19,7 +19,8 @@ def test_lite_histogram_matches_prometheus_histogram_exposition() -> None:
 
     def lines(reg: CollectorRegistry) -> list[str]:
         return [
-            ln for ln in generate_latest(reg).decode().splitlines()
+            ln
+            for ln in generate_latest(reg).decode().splitlines()
             if not ln.startswith("#") and "_created" not in ln
         ]
 

@@ -219,8 +219,12 @@ def test_bad_max_len_is_rejected(max_len):
 
 @pytest.mark.parametrize(
     ("name", "policy"),
-    [("tf-edfq", QueuePolicy.TF_EDFQ), ("T_EDFQ", QueuePolicy.T_EDFQ), ("priq", QueuePolicy.PRIQ),
-     (QueuePolicy.FIFO, QueuePolicy.FIFO)],
+    [
+        ("tf-edfq", QueuePolicy.TF_EDFQ),
+        ("T_EDFQ", QueuePolicy.T_EDFQ),
+        ("priq", QueuePolicy.PRIQ),
+        (QueuePolicy.FIFO, QueuePolicy.FIFO),
+    ],
 )
 def test_factory_builds_the_configured_policy(name, policy):
     queue = create_task_queue(name, max_len=5)

@@ -172,8 +172,7 @@ def test_quantile_sequence_errors():
     [
         (ServiceSpec("constant", value_ms=2.0), ConstantServiceTime, 2.0),
         (ServiceSpec("exponential", mean_ms=3.0, scale=2.0), ExponentialServiceTime, 6.0),
-        (ServiceSpec("lognormal", median_ms=1.0, sigma=0.5), LognormalServiceTime,
-         math.exp(0.125)),
+        (ServiceSpec("lognormal", median_ms=1.0, sigma=0.5), LognormalServiceTime, math.exp(0.125)),
         (ServiceSpec("lognormal", mean_ms=4.0, sigma=0.5), LognormalServiceTime, 4.0),
     ],
 )

@@ -31,8 +31,15 @@ class FakeTransport:
 
 def _task(i: int) -> Any:
     t = thrift()
-    return t.Task(query_id=f"q{i}", task_index=i, deadline_budget_ms=5.0 + i,
-                  slo_budget_ms=50.0, priority=1, class_name="A", payload=b'{"k":1}')
+    return t.Task(
+        query_id=f"q{i}",
+        task_index=i,
+        deadline_budget_ms=5.0 + i,
+        slo_budget_ms=50.0,
+        priority=1,
+        class_name="A",
+        payload=b'{"k":1}',
+    )
 
 
 def test_frames_split_anywhere_decode_in_order() -> None:
@@ -57,8 +64,16 @@ def test_result_messages_decode_on_the_gateway_side() -> None:
     conn = ThriftConnection(gateway_body_types(), lambda n, m, s, b: got.append(b.result))
     conn.connection_made(FakeTransport())  # type: ignore[arg-type]
     t = thrift()
-    res = t.TaskResult(query_id="q", task_index=2, status=0, queue_ms=1.5, service_ms=2.5,
-                       server_ms=4.25, missed_deadline=True, result=b"{}")
+    res = t.TaskResult(
+        query_id="q",
+        task_index=2,
+        status=0,
+        queue_ms=1.5,
+        service_ms=2.5,
+        server_ms=4.25,
+        missed_deadline=True,
+        result=b"{}",
+    )
     conn.data_received(encode_message("result", ONEWAY, 0, t.TaskSink.result_args(result=res)))
     assert got[0].server_ms == 4.25 and got[0].missed_deadline is True
 
@@ -81,7 +96,23 @@ def test_positional_construction_matches_the_idl_field_order() -> None:
     # links.py and server.py build Task and TaskResult positionally on the hot path.
     t = thrift()
     names = lambda cls: [spec[1] for _, spec in sorted(cls.thrift_spec.items())]  # noqa: E731
-    assert names(t.Task) == ["query_id", "task_index", "deadline_budget_ms", "slo_budget_ms",
-                             "priority", "class_name", "payload"]
-    assert names(t.TaskResult) == ["query_id", "task_index", "status", "queue_ms", "service_ms",
-                                   "server_ms", "missed_deadline", "result", "error"]
+    assert names(t.Task) == [
+        "query_id",
+        "task_index",
+        "deadline_budget_ms",
+        "slo_budget_ms",
+        "priority",
+        "class_name",
+        "payload",
+    ]
+    assert names(t.TaskResult) == [
+        "query_id",
+        "task_index",
+        "status",
+        "queue_ms",
+        "service_ms",
+        "server_ms",
+        "missed_deadline",
+        "result",
+        "error",
+    ]
