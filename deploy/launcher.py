@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import logging
 import os
 import signal
@@ -170,11 +171,9 @@ async def _wait_ready(
 
 
 def _banner(url: str, opts: UpOptions) -> None:
-    example = (
-        f"curl -s -X POST {url}/v1/queries -H 'Content-Type: application/json' "
-        f'-d \'{{"class": "A", "targets": {{"pool": "default", "fanout": '
-        f'{max(1, min(4, opts.servers))}}}, "task": {{}}}}\''
-    )
+    pool, n = ("default", opts.servers) if opts.servers else ("edge", opts.edge_agents)
+    body = json.dumps({"class": "A", "targets": {"pool": pool, "fanout": min(4, n)}, "task": {}})
+    example = f"curl -s -X POST {url}/v1/queries -H 'Content-Type: application/json' -d '{body}'"
     lines = [
         f"tailgate: gateway on {url} with {opts.servers} task server(s)"
         + (f" and {opts.edge_agents} edge agent(s)" if opts.edge_agents else ""),

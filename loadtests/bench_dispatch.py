@@ -29,7 +29,7 @@ from prometheus_client import CollectorRegistry
 from gateway.config import GatewayConfig
 from gateway.requests import QueryRequest, RegisterRequest, Targets
 from gateway.service import GatewayService
-from loadtests.procs import ServerProcs
+from loadtests.procs import ServerProcs, cpu_seconds
 
 FRAME = struct.Struct("!I")
 PAYLOAD = b"x" * 96
@@ -125,12 +125,12 @@ async def gateway_rate(
         stop_at = time.perf_counter() + 0.5
         await asyncio.gather(*(worker() for _ in range(concurrency)))  # warm-up
         queries = failures = 0
-        cpu0 = _cpu_s(os.getpid()), sum(_cpu_s(p.pid) for p in sp.procs)
+        cpu0 = cpu_seconds(os.getpid()), sum(cpu_seconds(p.pid) for p in sp.procs)
         start = time.perf_counter()
         stop_at = start + seconds
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         elapsed = time.perf_counter() - start
-        cpu1 = _cpu_s(os.getpid()), sum(_cpu_s(p.pid) for p in sp.procs)
+        cpu1 = cpu_seconds(os.getpid()), sum(cpu_seconds(p.pid) for p in sp.procs)
         await svc.stop()
         if failures:
             print(f"  ({failures} queries failed)")
@@ -141,13 +141,6 @@ async def gateway_rate(
             f"(user+system, from /proc)"
         )
         return tasks / elapsed, queries / elapsed
-
-
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process (Linux /proc)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def main_async(args: argparse.Namespace) -> None:

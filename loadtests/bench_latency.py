@@ -34,14 +34,7 @@ import time
 
 import aiohttp
 
-from loadtests.procs import ServerProcs
-
-
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process (Linux /proc)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+from loadtests.procs import ServerProcs, cpu_seconds
 
 
 def _pct(xs: list[float], p: float) -> float:
@@ -88,7 +81,7 @@ async def measure(fanout: int, queries: int) -> dict[str, float]:
             client: list[float] = []
             for i in range(queries + 200):
                 if i == 200:
-                    cpu0 = _cpu_s(gw.pid)
+                    cpu0 = cpu_seconds(gw.pid)
                 t0 = time.perf_counter()
                 async with http.post(url + "/v1/queries", json=q) as r:
                     ans = await r.json()
@@ -101,7 +94,7 @@ async def measure(fanout: int, queries: int) -> dict[str, float]:
                 added.append((ans["dispatch_ms"] + ans["merge_ms"]) * 1000.0)
                 client.append(elapsed_us)
                 await asyncio.sleep(0.001)
-            cpu_us = (_cpu_s(gw.pid) - cpu0) / queries * 1e6
+            cpu_us = (cpu_seconds(gw.pid) - cpu0) / queries * 1e6
     finally:
         gw.send_signal(signal.SIGTERM)
         await gw.wait()

@@ -58,3 +58,10 @@ class ServerProcs:
             except TimeoutError:
                 p.kill()
                 await p.wait()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -91,7 +91,6 @@ class EmulatedExecutor(Executor):
         self._rng = random.Random(seed)
         self._result_prefix = json.dumps({"server": server_id})[:-1].encode() + b', "service_ms": '
 
-
     async def execute(self, payload: bytes) -> bytes:
         request = _parse_payload(payload)
         service_ms = self._service_ms(request)
@@ -106,8 +105,11 @@ class EmulatedExecutor(Executor):
         if failure is not None:
             raise ExecutorError(failure)
         if "echo" in request:
-            result = {"server": self.server_id, "service_ms": round(service_ms, 3),
-                      "echo": request["echo"]}
+            result = {
+                "server": self.server_id,
+                "service_ms": round(service_ms, 3),
+                "echo": request["echo"],
+            }
             return json.dumps(result).encode()
         # The common result, without a json.dumps per task: {"server": ..., "service_ms": ...}
         return b"%s%r}" % (self._result_prefix, round(service_ms, 3))

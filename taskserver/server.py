@@ -221,24 +221,21 @@ class TaskService:
 
     def cancel(self, query_id: str) -> int:
         """Drop the query's queued tasks and cancel its running ones."""
-        now = self.clock()
         removed = self.queue.remove_query(query_id)
-        for qt in removed:
-            inbound: _Inbound = qt.item
-            self._send(
-                inbound.conn,
-                inbound.task,
-                2,
-                inbound.received_s,
-                now,
-                0.0,
-                False,
-                error="cancelled",
-            )
+        self._cancel_queued(removed, "cancelled")
         running = [r for r, qid in self._running.items() if qid == query_id]
         for runner in running:
             runner.cancel()
         return len(removed) + len(running)
+
+    def _cancel_queued(self, queued: list[QueuedTask], reason: str) -> None:
+        """Report CANCELLED for tasks taken out of the queue before they ran."""
+        now = self.clock()
+        for qt in queued:
+            inbound: _Inbound = qt.item
+            self._send(
+                inbound.conn, inbound.task, 2, inbound.received_s, now, 0.0, False, error=reason
+            )
 
     def status(self) -> Any:
         """The ServerStatus struct."""
@@ -257,19 +254,7 @@ class TaskService:
     async def close(self) -> None:
         """Cancel everything queued and running."""
         self.draining = True
-        for qt in self.queue.drain():
-            inbound: _Inbound = qt.item
-            now = self.clock()
-            self._send(
-                inbound.conn,
-                inbound.task,
-                2,
-                inbound.received_s,
-                now,
-                0.0,
-                False,
-                error="server stopping",
-            )
+        self._cancel_queued(self.queue.drain(), "server stopping")
         runners = list(self._running)
         for r in runners:
             r.cancel()

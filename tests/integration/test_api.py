@@ -77,3 +77,30 @@ def test_stock_thrift_client_speaks_to_a_task_server(cluster: Cluster) -> None:
         assert (st.server_id, st.policy, st.slots, st.busy, st.queued) == ("ts-1", "priq", 3, 0, 0)
     finally:
         client.close()
+
+
+async def test_task_servers_come_back_after_a_gateway_restart(
+    cluster: Cluster, http: aiohttp.ClientSession, tmp_path
+) -> None:
+    import socket
+
+    from tests.integration.conftest import wait_until
+    from tests.integration.harness import start_cli
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    gw = start_cli(["gateway", "--port", str(port)])
+    cluster.procs.append(gw)
+    cfg = tmp_path / "ts.toml"
+    cfg.write_text("[taskserver]\nregister_interval_s = 0.3\n")
+    ts = start_cli(["taskserver", "--id", "ts-r", "--port", "0", "--gateway", gw.url], config=cfg)
+    cluster.procs.append(ts)
+    await wait_until(lambda s: s["state"] == "up", http, gw, "ts-r")
+    gw.stop()
+    gw2 = start_cli(["gateway", "--port", str(port)])
+    cluster.procs.append(gw2)
+    view = await wait_until(lambda s: s["state"] == "up", http, gw2, "ts-r")
+    assert view["address"] == ts.address
+    status, body, _ = await query(http, gw2, {"class": "A", "targets": {"servers": ["ts-r"]}})
+    assert status == 200, body
