@@ -135,7 +135,12 @@ async def up(cfg: TailgateConfig, opts: UpOptions) -> None:
         specs += [(f"edge-{i + 1}", "edge") for i in range(opts.edge_agents)]
         for i, (sid, pool) in enumerate(specs):
             argv = _taskserver_argv(cfg, opts, sid, pool, url, i)
-            procs.append(await asyncio.create_subprocess_exec(*argv, env=env))
+            # Their stdout only announces the bound address, which we learn on registration.
+            procs.append(
+                await asyncio.create_subprocess_exec(
+                    *argv, env=env, stdout=asyncio.subprocess.DEVNULL
+                )
+            )
         await _wait_ready(service, len(specs), procs)
         _banner(url, opts)
         while True:

@@ -37,10 +37,10 @@ class TaskOutcome:
         out: dict[str, Any] = {
             "server": self.server,
             "status": self.status,
-            "queue_ms": self.queue_ms,
-            "service_ms": self.service_ms,
-            "post_queue_ms": self.post_queue_ms,
-            "server_ms": self.server_ms,
+            "queue_ms": _ms(self.queue_ms),
+            "service_ms": _ms(self.service_ms),
+            "post_queue_ms": _ms(self.post_queue_ms),
+            "server_ms": _ms(self.server_ms),
             "missed_deadline": self.missed_deadline,
             "result": decode_result(self.result),
         }
@@ -50,6 +50,11 @@ class TaskOutcome:
 
 
 _decode_json = json.JSONDecoder().decode
+
+
+def _ms(v: float | None) -> float | None:
+    """Milliseconds to 0.1 µs: finer digits are clock noise."""
+    return None if v is None else round(v, 4)
 
 
 def decode_result(raw: bytes | None) -> Any:

@@ -321,8 +321,8 @@ class GatewayService:
             "met_slo": statuses == {OK} and latency_ms <= req.slo_ms,
             # The gateway's own share of the latency: request to last task handed to the wire,
             # and deciding outcome to answer (the rest is the wire and the servers).
-            "dispatch_ms": (run.t_sent - run.t0) * 1000.0,
-            "merge_ms": (now - run.t_last) * 1000.0 if not run.expired else 0.0,
+            "dispatch_ms": round((run.t_sent - run.t0) * 1000.0, 4),
+            "merge_ms": round((now - run.t_last) * 1000.0, 4) if not run.expired else 0.0,
         }
         headers: dict[str, str] = {}
         if statuses == {OK}:
