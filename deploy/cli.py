@@ -267,6 +267,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=60.0)
     p.set_defaults(func=cmd_query)
 
+    from loadtests.sim.cli import add_parser as add_sim_parser
+
+    add_sim_parser(sub)
+
     p = sub.add_parser("config", help="validate the config and print the effective values")
     p.set_defaults(func=cmd_config)
     return parser

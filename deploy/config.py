@@ -66,6 +66,13 @@ def _convert(tp: Any, value: Any, key: str) -> Any:
             except ConfigError as exc:
                 errors.append(exc)
         raise errors[0]
+    if origin is dict:
+        key_tp, value_tp = typing.get_args(tp)
+        if not isinstance(value, Mapping):
+            raise ConfigError(key, f"expected a table, got {_describe(value)}")
+        return {
+            _convert(key_tp, k, key): _convert(value_tp, v, f"{key}.{k}") for k, v in value.items()
+        }
     if origin is tuple:
         (item_tp, _ellipsis) = typing.get_args(tp)
         if not isinstance(value, list):

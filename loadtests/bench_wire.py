@@ -11,9 +11,12 @@ service time), oneway ``submit`` out and oneway ``result`` back, W tasks kept
 outstanding, coalesced once per loop iteration. Option 3 is the encode/decode
 cost of one ``submit(Task)`` message with the Cython binary protocol (ours) and
 thriftpy2's pure-Python one (the kind its async protocol is). Every server runs
-in its own process on 127.0.0.1; each run lasts ``--seconds``.
+in its own process on 127.0.0.1; each run lasts ``--seconds``; options 1 and 2
+run in ``--rounds`` interleaved rounds and the table shows medians (a shared
+small VM drifts run to run). Option 2's server does real work per task (policy
+queue, executor, metrics) that option 1's bare handler skips.
 
-    python -m loadtests.bench_wire [--seconds 3]
+    python -m loadtests.bench_wire [--seconds 3] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -149,8 +152,8 @@ async def stock_rate(port: int, pool: int, seconds: float, timeout_ms: int | Non
         c.close()
     note = f"{len(errors)} errors ({errors[0]})" if errors else ""
     note += f" {wrong} wrong payloads" if wrong else ""
-    label = "default 3000 ms" if timeout_ms else "None"
-    return (f"stock aio RPC pool, timeout={label}", pool, pool, calls / elapsed, note.strip())
+    label = f"{timeout_ms} (default)" if timeout_ms else "None"
+    return (f"stock aio pool, timeout={label}", pool, pool, calls / elapsed, note.strip())
 
 
 async def duplex_rate(port: int, window: int, seconds: float) -> Row:

@@ -1,0 +1,160 @@
+"""Per-class and per-fanout-type tail latencies of a run, as text and JSON."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from loadtests.sim.engine import SimResult
+
+
+@dataclass(frozen=True, slots=True)
+class TailStat:
+    """The p-th percentile latency of a group of queries against its SLO."""
+
+    latency_ms: float
+    slo_ms: float
+    samples: int
+    enough: bool
+    """At least `min_tail_samples` samples lie beyond the percentile."""
+
+    @property
+    def met(self) -> bool:
+        """The percentile is within the SLO."""
+        return self.latency_ms <= self.slo_ms
+
+
+MIN_TAIL_SAMPLES = 10
+"""A percentile is judged only with this many samples beyond it (10 for p99 = 1,000)."""
+
+
+def percentile(values: np.ndarray, p: float) -> float:
+    """The p-th percentile: the smallest value with at least p% of samples at or below it."""
+    if values.size == 0:
+        return math.nan
+    return float(np.percentile(values, p, method="inverted_cdf"))
+
+
+def _tail(values: np.ndarray, p: float, slo_ms: float) -> TailStat:
+    n = int(values.size)
+    enough = n * (1.0 - p / 100.0) >= MIN_TAIL_SAMPLES
+    return TailStat(percentile(values, p), slo_ms, n, enough)
+
+
+def fanout_type_index(res: SimResult) -> np.ndarray:
+    """Index of each measured query's fanout type (by the scenario's type edges)."""
+    edges = np.asarray(res.scenario.fanout.edges())
+    return np.searchsorted(edges, res.fanout, side="right") - 1
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """Tail latency per class and per (class, fanout type)."""
+
+    result: SimResult
+    classes: dict[str, TailStat]
+    fanout_types: dict[str, dict[str, TailStat]]
+
+    @property
+    def met(self) -> bool:
+        """Every class and every fanout type within a class (with enough samples) meets its SLO."""
+        if not all(s.met for s in self.classes.values()):
+            return False
+        return all(s.met for t in self.fanout_types.values() for s in t.values() if s.enough)
+
+    def rarest(self) -> tuple[str, str, int]:
+        """(class, fanout type, samples) of the judged group with the fewest samples."""
+        best = ("", "", 1 << 62)
+        for c, types in self.fanout_types.items():
+            for k, s in types.items():
+                if s.samples < best[2]:
+                    best = (c, k, s.samples)
+        return best
+
+    def to_json(self) -> dict[str, Any]:
+        """The `sim run --json` document."""
+        r = self.result
+        return {
+            "scenario": r.scenario.name,
+            "policy": r.policy,
+            "offered_load": r.load,
+            "accepted_load": r.accepted_load,
+            "miss_ratio": r.miss_ratio,
+            "utilisation": r.utilisation,
+            "tasks": r.tasks,
+            "queries": int(r.latency_ms.size),
+            "rejected_queries": r.rejected_queries,
+            "met": self.met,
+            "classes": {
+                name: {
+                    "percentile": _class(r, name).percentile,
+                    "latency_ms": s.latency_ms,
+                    "slo_ms": s.slo_ms,
+                    "met": s.met,
+                    "samples": s.samples,
+                }
+                for name, s in self.classes.items()
+            },
+            "fanout_types": {
+                name: {
+                    k: {
+                        "latency_ms": s.latency_ms,
+                        "met": s.met,
+                        "samples": s.samples,
+                        "judged": s.enough,
+                    }
+                    for k, s in types.items()
+                }
+                for name, types in self.fanout_types.items()
+            },
+        }
+
+    def to_text(self) -> str:
+        """A human-readable table."""
+        r = self.result
+        lines = [
+            f"{r.scenario.name}: policy {r.policy}, offered load {r.load:.3f}, accepted "
+            f"{r.accepted_load:.3f}, utilisation {r.utilisation:.3f}, task miss ratio "
+            f"{r.miss_ratio:.4%} ({r.tasks:,} tasks, {r.latency_ms.size:,} queries)",
+            f"{'class':<8} {'type':>10} {'pctl':>6} {'latency ms':>11} {'SLO ms':>8} "
+            f"{'met':>4} {'samples':>9}",
+        ]
+        for name, s in self.classes.items():
+            p = _class(r, name).percentile
+            lines.append(
+                f"{name:<8} {'all':>10} {p:>6g} {s.latency_ms:>11.4f} {s.slo_ms:>8g} "
+                f"{'yes' if s.met else 'NO':>4} {s.samples:>9,}"
+            )
+            for k, t in self.fanout_types[name].items():
+                flag = ("yes" if t.met else "NO") if t.enough else "n/a"
+                lines.append(
+                    f"{'':<8} {'k=' + k:>10} {p:>6g} {t.latency_ms:>11.4f} {t.slo_ms:>8g} "
+                    f"{flag:>4} {t.samples:>9,}"
+                )
+        lines.append("all classes and fanout types meet their SLOs" if self.met else "SLO NOT met")
+        return "\n".join(lines)
+
+
+def _class(res: SimResult, name: str) -> Any:
+    return next(c for c in res.scenario.classes if c.name == name)
+
+
+def report(res: SimResult) -> Report:
+    """Compute the tail statistics of a run."""
+    scn = res.scenario
+    types = fanout_type_index(res)
+    names = scn.fanout.type_names()
+    classes: dict[str, TailStat] = {}
+    by_type: dict[str, dict[str, TailStat]] = {}
+    for ci, c in enumerate(scn.classes):
+        mine = res.cls == ci
+        classes[c.name] = _tail(res.latency_ms[mine], c.percentile, c.slo_ms)
+        by_type[c.name] = {}
+        for ti, tname in enumerate(names):
+            sel = mine & (types == ti)
+            if np.any(sel):
+                by_type[c.name][tname] = _tail(res.latency_ms[sel], c.percentile, c.slo_ms)
+    return Report(res, classes, by_type)
