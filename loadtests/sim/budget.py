@@ -1,11 +1,21 @@
-"""Run-time budget adjustment per class (beyond TailGuard, which leaves it open)."""
+"""Run-time budget adjustment per class in the simulator (beyond TailGuard).
+
+The controller itself is gateway.budget.BudgetController, a pure policy the
+live gateway can run too; here it is fed by the simulator's epochs.
+"""
 
 from __future__ import annotations
 
+from gateway.budget import BudgetController
 from loadtests.sim.engine import SimResult, simulate
 from loadtests.sim.scenario import Scenario
 
 
 def simulate_with_budget(scn: Scenario, load: float, policy: str) -> SimResult:
     """Simulate, with the class budget controller when the scenario asks for it."""
-    return simulate(scn, load, policy=policy)
+    if not scn.run.budget_adjust:
+        return simulate(scn, load, policy=policy)
+    controller = BudgetController(
+        [c.name for c in scn.classes], gain=0.3, min_scale=0.5, max_scale=2.0
+    )
+    return simulate(scn, load, policy=policy, controller=controller)

@@ -18,11 +18,13 @@ Query latency is the slowest task's completion minus the query's arrival.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from gateway.budget import BudgetController
 from gateway.cdf import CdfBook
 from gateway.deadlines import DeadlineEstimator, SloUnreachable
 from loadtests.sim.scenario import Scenario
@@ -133,17 +135,22 @@ def simulate(
     load: float,
     *,
     policy: str | None = None,
-    budget_scale: Callable[[np.ndarray], np.ndarray] | None = None,
+    controller: BudgetController | None = None,
+    epochs: int = 40,
 ) -> SimResult:
-    """Run the scenario at this load under a policy (default: the scenario's)."""
+    """Run the scenario at this load under a policy (default: the scenario's).
+
+    With a BudgetController the queries are fed in `epochs` slices; after each
+    slice the controller sees every class's tail over the two slices before it
+    and rescales the budgets of the queries that follow (a run-time loop, not
+    an offline fit).
+    """
     policy = policy or scn.run.policy
     w = make_workload(scn, load)
     book, ids = build_book(scn)
-    budget_ms = query_budgets(scn, w, book, ids)
-    if budget_scale is not None:
-        budget_ms = budget_scale(budget_ms)
-    admitted = ~np.isnan(budget_ms)
-    slo_ms = np.array([c.slo_ms for c in scn.classes])[w.cls]
+    base_budget = query_budgets(scn, w, book, ids)
+    admitted = ~np.isnan(base_budget)
+    slo_ms = np.array([c.slo_ms for c in scn.classes])
     prio = class_priorities(scn)[w.cls]
 
     # Per task: which query, when it reaches its queue, how long it holds a slot.
@@ -156,28 +163,35 @@ def simulate(
         arrive, occupy, after = t0, w.task_service_ms + dispatch + ret, 0.0
     else:
         arrive, occupy, after = t0 + dispatch, w.task_service_ms, ret
-    deadline = t0 + np.nan_to_num(budget_ms)[tq]
-    slo_deadline = t0 + slo_ms[tq]
-    start = np.full(tq.size, np.nan)
-    _serve_all(
-        np.flatnonzero(keep),
-        w.task_server,
-        arrive,
-        occupy,
-        deadline,
-        slo_deadline,
-        prio[tq],
-        policy,
-        scn.servers.slots,
-        start,
+    arrays = TaskArrays(
+        arrive, occupy, np.zeros(tq.size), t0 + slo_ms[w.cls][tq], prio[tq], w.task_server
     )
+    start = np.full(tq.size, np.nan)
+    sims: dict[int, ServerSim] = {}
+    budget = np.nan_to_num(base_budget)
+    if controller is None:
+        arrays.deadline[:] = t0 + budget[tq]
+        _feed(np.flatnonzero(keep), arrays, policy, scn.servers.slots, sims, start)
+    else:
+        bounds = np.linspace(0, w.queries, epochs + 1).astype(np.int64)
+        names = [c.name for c in scn.classes]
+        for e in range(epochs):
+            q0, q1 = int(bounds[e]), int(bounds[e + 1])
+            t_lo, t_hi = int(w.offsets[q0]), int(w.offsets[q1])
+            scale = np.array([controller.scale(n) for n in names])
+            epoch_budget = (budget * scale[w.cls])[tq[t_lo:t_hi]]
+            arrays.deadline[t_lo:t_hi] = t0[t_lo:t_hi] + epoch_budget
+            tasks = t_lo + np.flatnonzero(keep[t_lo:t_hi])
+            _feed(tasks, arrays, policy, scn.servers.slots, sims, start)
+            if e >= 1:
+                controller.update(_window_tails(scn, w, start, occupy, after, admitted, bounds, e))
+    for sim in sims.values():
+        sim.drain(start)
     done = start + occupy + after
-    missed_task = start > deadline
+    missed_task = start > arrays.deadline
 
     # Query latency: the slowest task (tasks are laid out query by query).
-    nonempty = w.offsets[:-1]
-    q_done = np.maximum.reduceat(np.where(keep, done, -np.inf), nonempty)
-    latency = q_done - w.arrival_ms
+    latency = _latencies(w, start, occupy, after, 0, w.queries, keep)
     first = int(scn.run.warmup * w.queries)
     measured = np.zeros(w.queries, dtype=bool)
     measured[first:] = True
@@ -197,89 +211,179 @@ def simulate(
         rejected_queries=int((measured & ~admitted).sum()),
         measured_queries=int(measured.sum()),
         utilisation=busy / (scn.servers.count * horizon),
+        budgets=controller.scales if controller is not None else {},
     )
 
 
-def _serve_all(
-    tasks: np.ndarray,
-    server: np.ndarray,
-    arrive: np.ndarray,
+def _window_tails(
+    scn: Scenario,
+    w: Workload,
+    start: np.ndarray,
     occupy: np.ndarray,
-    deadline: np.ndarray,
-    slo_deadline: np.ndarray,
-    priority: np.ndarray,
+    after: float,
+    admitted: np.ndarray,
+    bounds: np.ndarray,
+    epoch: int,
+    span: int = 8,
+) -> dict[str, tuple[float, float]]:
+    """Each class's worst tail over its fanout types in the last `span` epochs.
+
+    The max-load criterion asks every fanout type of a class to meet the SLO, so the
+    class's gap is its worst type's (types with too few samples for the percentile
+    are skipped; queries with tasks still queued count as unfinished).
+    """
+    m0, m1 = int(bounds[max(epoch - span, 0)]), int(bounds[epoch])
+    lat = _latencies(w, start, occupy, after, m0, m1)
+    ok = admitted[m0:m1]
+    edges = np.asarray(scn.fanout.edges())
+    types = np.searchsorted(edges, w.fanout[m0:m1], side="right") - 1
+    tails: dict[str, tuple[float, float]] = {}
+    for ci, c in enumerate(scn.classes):
+        tail_share = 1.0 - c.percentile / 100.0
+        mine = ok & (w.cls[m0:m1] == ci)
+        worst = -math.inf
+        for ti in np.unique(types[mine]):
+            sel = mine & (types == ti)
+            if np.count_nonzero(sel) * tail_share >= 5:
+                worst = max(worst, float(np.percentile(lat[sel], c.percentile)))
+        if worst > -math.inf:
+            tails[c.name] = (worst, c.slo_ms)
+    return tails
+
+
+def _latencies(
+    w: Workload,
+    start: np.ndarray,
+    occupy: np.ndarray,
+    after: float,
+    q0: int,
+    q1: int,
+    keep: np.ndarray | None = None,
+) -> np.ndarray:
+    """Latency of queries q0..q1-1; a task not started yet counts as unfinished (inf)."""
+    t_lo, t_hi = int(w.offsets[q0]), int(w.offsets[q1])
+    done = start[t_lo:t_hi] + occupy[t_lo:t_hi] + after
+    done = np.where(np.isnan(done), np.inf, done)
+    if keep is not None:
+        done = np.where(keep[t_lo:t_hi], done, -np.inf)
+    q_done = np.maximum.reduceat(done, w.offsets[q0:q1] - t_lo)
+    return q_done - w.arrival_ms[q0:q1]
+
+
+@dataclass(slots=True)
+class TaskArrays:
+    """Per-task attributes, indexed by task id."""
+
+    arrive: np.ndarray
+    occupy: np.ndarray
+    deadline: np.ndarray
+    slo_deadline: np.ndarray
+    priority: np.ndarray
+    server: np.ndarray
+
+
+def _feed(
+    tasks: np.ndarray,
+    arrays: TaskArrays,
     policy: str,
     slots: int,
+    sims: dict[int, ServerSim],
     start: np.ndarray,
 ) -> None:
-    """Fill start[task] (dequeue time) for every task, server by server."""
-    order = tasks[np.lexsort((arrive[tasks], server[tasks]))]
-    srv = server[order]
-    bounds = np.flatnonzero(np.diff(srv)) + 1
-    for chunk in np.split(order, bounds):
-        if chunk.size:
-            starts = serve_one_server(
-                arrive[chunk].tolist(),
-                occupy[chunk].tolist(),
-                deadline[chunk].tolist(),
-                slo_deadline[chunk].tolist(),
-                priority[chunk].tolist(),
-                policy,
-                slots,
-            )
-            start[chunk] = starts
+    """Feed tasks (in any order) to their servers, each in arrival order."""
+    if tasks.size == 0:
+        return
+    order = tasks[np.lexsort((arrays.arrive[tasks], arrays.server[tasks]))]
+    cuts = np.flatnonzero(np.diff(arrays.server[order])) + 1
+    for chunk in np.split(order, cuts):
+        s = int(arrays.server[chunk[0]])
+        sim = sims.get(s)
+        if sim is None:
+            sim = sims[s] = ServerSim(policy, slots)
+        # Short per-server lists keep the hot loop in cache (global lists are 10x slower).
+        sim.feed(
+            chunk,
+            arrays.arrive[chunk].tolist(),
+            arrays.occupy[chunk].tolist(),
+            arrays.deadline[chunk].tolist(),
+            arrays.slo_deadline[chunk].tolist(),
+            arrays.priority[chunk].tolist(),
+            start,
+        )
 
 
-def serve_one_server(
-    arrive: list[float],
-    occupy: list[float],
-    deadline: list[float],
-    slo_deadline: list[float],
-    priority: list[int],
-    policy: str,
-    slots: int = 1,
-    on_dequeue: Callable[[int, float], None] | None = None,
-) -> list[float]:
-    """Dequeue times of one server's tasks, given in arrival order.
+class ServerSim:
+    """One server's policy queue and slots on the virtual clock (ms), fed in arrival order.
 
-    The queue is the live TaskQueue; time is virtual (ms). ``on_dequeue(i, t)``
-    is told each dequeue in order, for tests that compare with the live server.
+    The queue is the live TaskQueue. Feeding can stop after any arrival and resume
+    later; `drain` serves what is left.
     """
-    n = len(arrive)
-    start = [0.0] * n
-    q = create_task_queue(policy)
-    push, pop = q.push, q.pop
-    queued = 0
-    free = [float("-inf")] * slots  # min-heap of the times slots become free
-    for j in range(n):
-        a = arrive[j]
-        # Serve what waits, while a slot frees up before this arrival.
-        while queued and free[0] <= a:
-            t = free[0]
-            dq = pop(t)
-            assert dq is not None
-            i = dq.task.item
-            queued -= 1
-            start[i] = t
-            heapq.heapreplace(free, t + occupy[i])
-            if on_dequeue is not None:
-                on_dequeue(i, t)
-        if not queued and free[0] <= a:
-            start[j] = a  # idle server, empty queue: served at once
-            heapq.heapreplace(free, a + occupy[j])
-            if on_dequeue is not None:
-                on_dequeue(j, a)
-        else:
-            push(QueuedTask("", j, deadline[j], slo_deadline[j], priority[j], a, j))
-            queued += 1
-    while queued:
-        t = free[0]
-        dq = pop(t)
-        assert dq is not None
-        i = dq.task.item
-        queued -= 1
-        start[i] = t
-        heapq.heapreplace(free, t + occupy[i])
-        if on_dequeue is not None:
-            on_dequeue(i, t)
-    return start
+
+    def __init__(
+        self, policy: str, slots: int = 1, on_dequeue: Callable[[int, float], None] | None = None
+    ) -> None:
+        self.queue = create_task_queue(policy)
+        self.free = [float("-inf")] * slots  # min-heap of the times slots become free
+        self.queued = 0
+        self.on_dequeue = on_dequeue
+
+    def feed(
+        self,
+        ids: np.ndarray,
+        arrive: list[float],
+        occupy: list[float],
+        deadline: list[float],
+        slo_deadline: list[float],
+        priority: list[int],
+        start: np.ndarray,
+    ) -> None:
+        """Tasks `ids` (with their attributes), in arrival order, join this server;
+        start[id] gets each dequeue time known so far."""
+        # The hot loop of the simulator: everything it touches is a local.
+        gids = ids.tolist()
+        free, push, pop = self.free, self.queue.push, self.queue.pop
+        replace_min, on_dequeue = heapq.heapreplace, self.on_dequeue
+        queued = self.queued
+        local = [math.nan] * len(gids)
+        late_ids: list[int] = []
+        late_t: list[float] = []
+        for k, a in enumerate(arrive):
+            # Serve what waits while a slot frees up before this arrival.
+            while queued and free[0] <= a:
+                t = free[0]
+                gid, occ = pop(t).task.item  # type: ignore[union-attr]
+                queued -= 1
+                late_ids.append(gid)
+                late_t.append(t)
+                replace_min(free, t + occ)
+                if on_dequeue is not None:
+                    on_dequeue(gid, t)
+            if not queued and free[0] <= a:
+                local[k] = a  # idle server, empty queue: served at once
+                replace_min(free, a + occupy[k])
+                if on_dequeue is not None:
+                    on_dequeue(gids[k], a)
+            else:
+                item = (gids[k], occupy[k])
+                push(QueuedTask("", k, deadline[k], slo_deadline[k], priority[k], a, item))
+                queued += 1
+        self.queued = queued
+        start[ids] = local
+        if late_ids:
+            start[late_ids] = late_t
+
+    def drain(self, start: np.ndarray) -> None:
+        """Serve every task still queued."""
+        late_ids: list[int] = []
+        late_t: list[float] = []
+        while self.queued:
+            t = self.free[0]
+            gid, occ = self.queue.pop(t).task.item  # type: ignore[union-attr]
+            self.queued -= 1
+            late_ids.append(gid)
+            late_t.append(t)
+            heapq.heapreplace(self.free, t + occ)
+            if self.on_dequeue is not None:
+                self.on_dequeue(gid, t)
+        if late_ids:
+            start[late_ids] = late_t

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from deploy.config import ConfigError
-from loadtests.sim.engine import serve_one_server, simulate
+from loadtests.sim.engine import ServerSim, simulate
 from loadtests.sim.maxload import find_max_load
 from loadtests.sim.report import percentile, report
 from loadtests.sim.scenario import Scenario, parse_scenario
@@ -224,15 +224,10 @@ async def test_live_task_server_and_simulator_dequeue_in_the_same_order(policy: 
         slo_deadline.append(t + rng.choice([10.0, 30.0]))
         prio.append(rng.randrange(3))
     sim_order: list[int] = []
-    serve_one_server(
-        arrive,
-        occupy,
-        deadline,
-        slo_deadline,
-        prio,
-        policy,
-        on_dequeue=lambda i, _t: sim_order.append(i),
-    )
+    sim = ServerSim(policy, 1, on_dequeue=lambda i, _t: sim_order.append(i))
+    start = np.full(n, np.nan)
+    sim.feed(np.arange(n), arrive, occupy, deadline, slo_deadline, prio, start)
+    sim.drain(start)
 
     clock = _Clock()
     ex = _ManualExecutor(clock)
