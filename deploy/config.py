@@ -136,7 +136,7 @@ def build(cls: type, data: Mapping[str, Any], prefix: str = "") -> Any:
 
 def parse_config(data: Mapping[str, Any], source: str = "") -> TailgateConfig:
     """Build the config from an already-parsed TOML document."""
-    known = {"gateway", "classes", "pools", "taskserver"}
+    known = {"gateway", "classes", "pools", "taskserver", "admission", "autoscaling"}
     try:
         for key in data:
             if key not in known:
@@ -144,7 +144,7 @@ def parse_config(data: Mapping[str, Any], source: str = "") -> TailgateConfig:
         gw = dict(data.get("gateway", {}) or {})
         if not isinstance(data.get("gateway", {}), Mapping):
             raise ConfigError("gateway", "expected a table")
-        for section in ("classes", "pools"):
+        for section in ("classes", "pools", "admission", "autoscaling"):
             if section in data:
                 if section in gw:
                     raise ConfigError(
@@ -166,7 +166,7 @@ def _build_top(cls: type, table: Any, name: str) -> Any:
     except ConfigError as exc:
         # Classes and pools live at the top level of the file: name them as written there.
         key = exc.key
-        for section in ("classes", "pools"):
+        for section in ("classes", "pools", "admission", "autoscaling"):
             key = key.replace(f"gateway.{section}", section)
         raise ConfigError(key, exc.message) from None
 

@@ -84,8 +84,14 @@ async def delete_server(request: web.Request) -> web.Response:
     server_id = request.match_info["id"]
     if server_id not in service.links:
         raise NotFound(f"no server {server_id!r}", field="id")
-    await service.deregister(server_id)
-    return web.json_response({"id": server_id, "deleted": True})
+    raw = request.query.get("drain_s", "0")
+    try:
+        drain_s = float(raw)
+    except ValueError:
+        drain_s = -1.0
+    if not 0 <= drain_s <= 600:
+        raise BadRequest(f"must be a number of seconds in 0..600, got {raw!r}", field="drain_s")
+    return web.json_response(await service.deregister(server_id, drain_s))
 
 
 async def get_classes(request: web.Request) -> web.Response:

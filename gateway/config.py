@@ -93,6 +93,110 @@ class PoolConfig:
             raise ValueError(f"prior_overhead_ms: must be >= 0, got {self.prior_overhead_ms}")
 
 
+@dataclass(frozen=True, slots=True)
+class AdmissionConfig:
+    """Admission control on the task deadline-miss ratio (TailGuard §III.D)."""
+
+    policy: str = "miss-ratio"
+    """`miss-ratio` (reject while the windowed miss ratio is above threshold) or `none`."""
+    threshold: float = 0.017
+    """R_cth^U: the miss ratio above which new queries are rejected."""
+    release_threshold: float | None = None
+    """Admit again once the ratio falls below this (default: threshold)."""
+    window_tasks: int = 100_000
+    """Moving window by task count (0: use window_s)."""
+    window_s: float = 0.0
+    """Moving window by time, in seconds (used when window_tasks is 0)."""
+    rule: str = "reject-all"
+    """reject-all, lowest-class-first, largest-fanout-first or cost-ladder."""
+    max_defer_ms: float = 500.0
+    """Longest a deferred query waits in the gateway before it is admitted or rejected."""
+
+    def __post_init__(self) -> None:
+        if self.policy not in ("miss-ratio", "none"):
+            raise ValueError(f"policy: must be 'miss-ratio' or 'none', got {self.policy!r}")
+        if not 0 < self.threshold < 1:
+            raise ValueError(f"threshold: must be in (0, 1), got {self.threshold}")
+        if self.release_threshold is not None and not 0 < self.release_threshold <= self.threshold:
+            raise ValueError(
+                f"release_threshold: must be in (0, threshold], got {self.release_threshold}"
+            )
+        if self.window_tasks < 0 or (self.window_tasks == 0 and self.window_s <= 0):
+            raise ValueError(
+                "window_tasks: give window_tasks > 0, or window_tasks = 0 and window_s > 0"
+            )
+        rules = ("reject-all", "lowest-class-first", "largest-fanout-first", "cost-ladder")
+        if self.rule not in rules:
+            raise ValueError(f"rule: must be one of {', '.join(rules)}, got {self.rule!r}")
+        if self.max_defer_ms < 0:
+            raise ValueError(f"max_defer_ms: must be >= 0, got {self.max_defer_ms}")
+
+
+@dataclass(frozen=True, slots=True)
+class AutoscalingConfig:
+    """Horizontal autoscaling of one pool on the miss ratio (TailGuard §III.E) or Swayam's model."""
+
+    enabled: bool = False
+    """Run the autoscaler (also switched on by `tailgate up --autoscale`)."""
+    policy: str = "threshold"
+    """`threshold` (R_sth^U / R_sth^L) or `swayam` (rate prediction and n_B search)."""
+    pool: str = "default"
+    """The pool it scales."""
+    upper: float = 0.015
+    """R_sth^U: scale up when the miss ratio is above it."""
+    lower: float = 0.005
+    """R_sth^L: scale down when the miss ratio is below it."""
+    min_replicas: int = 1
+    """Fewest servers."""
+    max_replicas: int = 16
+    """Most servers."""
+    up_cooldown_s: float = 10.0
+    """Least time between two scale-ups."""
+    down_cooldown_s: float = 30.0
+    """Least time after any scaling before a scale-down."""
+    interval_s: float = 1.0
+    """How often the autoscaler decides."""
+    window_tasks: int = 5_000
+    """Miss-ratio window of the autoscaler, in tasks."""
+    actuator: str = "local"
+    """`local` (processes on this machine) or `kubernetes`."""
+    k8s_name: str = "tailgate-taskserver"
+    """Kubernetes actuator: the Deployment or StatefulSet to scale."""
+    k8s_namespace: str = "default"
+    """Kubernetes actuator: its namespace."""
+    k8s_kind: str = "Deployment"
+    """Kubernetes actuator: Deployment or StatefulSet."""
+    setup_s: float = 5.0
+    """Swayam: time for a new backend to become ready (the prediction horizon)."""
+    burst: float = 1.5
+    """Swayam: burst factor U over the predicted rate."""
+    idle_s: float = 60.0
+    """Swayam: a backend idle this long retires itself (passive scale-in)."""
+
+    def __post_init__(self) -> None:
+        if self.policy not in ("threshold", "swayam"):
+            raise ValueError(f"policy: must be 'threshold' or 'swayam', got {self.policy!r}")
+        if not 0 <= self.lower < self.upper < 1:
+            raise ValueError(
+                f"lower/upper: need 0 <= lower < upper < 1, got {self.lower}, {self.upper}"
+            )
+        if not 1 <= self.min_replicas <= self.max_replicas:
+            raise ValueError(
+                f"min_replicas: need 1 <= min_replicas <= max_replicas, got "
+                f"{self.min_replicas}, {self.max_replicas}"
+            )
+        if self.interval_s <= 0:
+            raise ValueError(f"interval_s: must be > 0, got {self.interval_s}")
+        if self.window_tasks < 1:
+            raise ValueError(f"window_tasks: must be >= 1, got {self.window_tasks}")
+        if self.actuator not in ("local", "kubernetes"):
+            raise ValueError(f"actuator: must be 'local' or 'kubernetes', got {self.actuator!r}")
+        if self.k8s_kind not in ("Deployment", "StatefulSet"):
+            raise ValueError(f"k8s_kind: must be Deployment or StatefulSet, got {self.k8s_kind!r}")
+        if self.burst < 1:
+            raise ValueError(f"burst: must be >= 1, got {self.burst}")
+
+
 def _default_classes() -> tuple[ClassConfig, ...]:
     return (
         ClassConfig(name="A", latency_ms=100.0, percentile=99.0, priority=0),
@@ -147,6 +251,10 @@ class GatewayConfig:
     """Fraction of samples above the peaks-over-threshold tail threshold."""
     default_class: str | None = None
     """Class used when a query names neither a class nor an SLO (None: required)."""
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+    """Admission control ([admission] in tailgate.toml)."""
+    autoscaling: AutoscalingConfig = field(default_factory=AutoscalingConfig)
+    """Autoscaling ([autoscaling] in tailgate.toml)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -188,6 +296,8 @@ class GatewayConfig:
             raise ValueError(f"cdf_refresh_every: must be >= 1, got {self.cdf_refresh_every}")
         if not 0 < self.tail_fraction < 0.5:
             raise ValueError(f"tail_fraction: must be in (0, 0.5), got {self.tail_fraction}")
+        if self.autoscaling.enabled and self.autoscaling.pool not in pnames:
+            raise ValueError(f"autoscaling: no pool named {self.autoscaling.pool!r}")
         if self.default_class is not None and self.default_class not in names:
             raise ValueError(f"default_class: no class named {self.default_class!r}")
 

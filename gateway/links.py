@@ -91,6 +91,8 @@ class ServerLink:
         self.heartbeat_s = heartbeat_s
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.state = "connecting"
+        self.draining = False
+        """Being deregistered: finishes what it has, takes nothing new."""
         self.last_error = ""
         self.outstanding: dict[str, PendingTask] = {}
         self.queue = create_task_queue(policy) if central else None
@@ -104,6 +106,7 @@ class ServerLink:
         self._runner: asyncio.Task[None] | None = None
         self._closing = False
         self._up = asyncio.Event()
+        self._idle_waiters: list[asyncio.Future[None]] = []
         self._t = thrift()
         self._types = gateway_body_types()
 
@@ -114,8 +117,8 @@ class ServerLink:
 
     @property
     def is_up(self) -> bool:
-        """Connected and answering heartbeats."""
-        return self.state == "up"
+        """Connected, answering heartbeats and taking new tasks."""
+        return self.state == "up" and not self.draining
 
     # -- lifecycle ------------------------------------------------------
     def start(self) -> None:
@@ -130,6 +133,25 @@ class ServerLink:
         except TimeoutError:
             return False
         return True
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until no task is outstanding here; False on timeout."""
+        if not self.outstanding:
+            return True
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._idle_waiters.append(fut)
+        try:
+            await asyncio.wait_for(fut, timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    def _notify_idle(self) -> None:
+        if not self.outstanding and self._idle_waiters:
+            waiters, self._idle_waiters = self._idle_waiters, []
+            for fut in waiters:
+                if not fut.done():
+                    fut.set_result(None)
 
     async def close(self, reason: str = "server deregistered") -> None:
         """Stop the link and fail whatever it still holds."""
@@ -210,6 +232,7 @@ class ServerLink:
     def _fail_all(self, status: str, reason: str) -> None:
         pending = list(self.outstanding.values())
         self.outstanding.clear()
+        self._notify_idle()
         if self.queue is not None:
             self.queue.drain()
         self.inflight = 0
@@ -279,6 +302,7 @@ class ServerLink:
         p = self.outstanding.pop(query_id, None)
         if p is None:
             return
+        self._notify_idle()
         if self.queue is not None:
             if self.queue.remove_query(query_id):
                 return  # still in our queue: the server never saw it
@@ -305,6 +329,8 @@ class ServerLink:
         if p is None or p.index != r.task_index:
             return  # the query already ended (failed, timed out, or cancelled)
         del self.outstanding[r.query_id]
+        if self._idle_waiters:
+            self._notify_idle()
         now = self.clock()
         self.results += 1
         if self.queue is not None:

@@ -207,9 +207,25 @@ def openapi_document() -> dict[str, Any]:
                 "delete": {
                     "summary": "Deregister a task server",
                     "parameters": [
-                        {"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}
+                        {
+                            "name": "id",
+                            "in": "path",
+                            "required": True,
+                            "schema": {"type": "string"},
+                        },
+                        {
+                            "name": "drain_s",
+                            "in": "query",
+                            "required": False,
+                            "description": "let outstanding tasks finish for up to this long",
+                            "schema": {"type": "number", "minimum": 0, "maximum": 600},
+                        },
                     ],
-                    "responses": {"200": {"description": "deleted"}, "404": _err("no such server")},
+                    "responses": {
+                        "200": {"description": "deleted"},
+                        "400": _err("bad drain_s"),
+                        "404": _err("no such server"),
+                    },
                 }
             },
             "/v1/classes": {

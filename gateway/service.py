@@ -144,14 +144,27 @@ class GatewayService:
         log.info("server %s registered in pool %s at %s", req.id, req.pool, req.address)
         return True, self.server_view(link)
 
-    async def deregister(self, server_id: str) -> None:
-        """Remove a server; its outstanding tasks fail at once."""
-        link = self.links.pop(server_id, None)
+    async def deregister(self, server_id: str, drain_s: float = 0.0) -> dict[str, Any]:
+        """Remove a server; with drain_s, first let its outstanding tasks finish.
+
+        The server leaves the pool's selection at once; whatever is still outstanding
+        after drain_s fails (its queries answer 502 and their siblings are cancelled).
+        """
+        link = self.links.get(server_id)
         if link is None:
             raise NotFound(f"no server {server_id!r}", field="id")
-        self.pool_members[link.pool].remove(server_id)
-        self.book.remove_server(server_id)
+        link.draining = True
+        members = self.pool_members[link.pool]
+        if server_id in members:
+            members.remove(server_id)
+        if drain_s > 0:
+            await link.wait_idle(drain_s)
+        failed = len(link.outstanding)
+        if self.links.get(server_id) is link:
+            del self.links[server_id]
+            self.book.remove_server(server_id)
         await link.close(f"server {server_id} deregistered")
+        return {"id": server_id, "deleted": True, "drained": failed == 0, "failed_tasks": failed}
 
     def server_view(self, link: ServerLink) -> dict[str, Any]:
         """A server as GET /v1/servers shows it."""
@@ -161,7 +174,7 @@ class GatewayService:
             "pool": link.pool,
             "address": link.address,
             "slots": link.slots,
-            "state": link.state,
+            "state": "draining" if link.draining else link.state,
             "queueing": "central" if link.central else "server",
             "outstanding": len(link.outstanding),
             "tasks_sent": link.tasks_sent,

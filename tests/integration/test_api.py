@@ -104,3 +104,37 @@ async def test_task_servers_come_back_after_a_gateway_restart(
     assert view["address"] == ts.address
     status, body, _ = await query(http, gw2, {"class": "A", "targets": {"servers": ["ts-r"]}})
     assert status == 200, body
+
+
+async def test_deregister_with_drain_lets_outstanding_tasks_finish(
+    cluster: Cluster, http: aiohttp.ClientSession
+) -> None:
+    import asyncio
+    import time
+
+    gw = cluster.gateway()
+    for sid in ("ts-1", "ts-2"):
+        await register(http, gw, cluster.taskserver(sid))
+    body = {
+        "slo": {"percentile": 99, "latency_ms": 5000},
+        "targets": {"servers": ["ts-1"]},
+        "task": {"service_ms": 600},
+    }
+    pending = asyncio.create_task(query(http, gw, body))
+    await asyncio.sleep(0.2)
+    t0 = time.monotonic()
+    async with http.delete(gw.url + "/v1/servers/ts-1?drain_s=5") as r:
+        assert r.status == 200
+        assert await r.json() == {"id": "ts-1", "deleted": True, "drained": True, "failed_tasks": 0}
+    assert 0.2 < time.monotonic() - t0 < 2.0  # it waited for the task, not for the bound
+    status, ans, _ = await pending
+    assert status == 200, ans
+    # Without a drain, an outstanding task fails at once.
+    pending = asyncio.create_task(query(http, gw, {**body, "targets": {"servers": ["ts-2"]}}))
+    await asyncio.sleep(0.2)
+    async with http.delete(gw.url + "/v1/servers/ts-2") as r:
+        assert (await r.json())["failed_tasks"] == 1
+    status, ans, _ = await pending
+    assert status == 502 and ans["tasks"][0]["status"] == "lost"
+    async with http.delete(gw.url + "/v1/servers/ts-2?drain_s=-1") as r:
+        assert r.status == 404
