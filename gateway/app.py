@@ -109,6 +109,11 @@ async def get_classes(request: web.Request) -> web.Response:
     return web.json_response({"classes": classes})
 
 
+async def get_admission(request: web.Request) -> web.Response:
+    """GET /v1/admission: window, thresholds, counters and recent decisions."""
+    return web.json_response(request.app[SERVICE_KEY].guard.snapshot())
+
+
 async def healthz(request: web.Request) -> web.Response:
     """GET /healthz: the gateway is serving; says how many servers are up."""
     service = request.app[SERVICE_KEY]
@@ -135,6 +140,7 @@ ROUTES: list[tuple[str, str, Any]] = [
     ("POST", "/v1/servers", post_server),
     ("DELETE", "/v1/servers/{id}", delete_server),
     ("GET", "/v1/classes", get_classes),
+    ("GET", "/v1/admission", get_admission),
     ("GET", "/healthz", healthz),
     ("GET", "/metrics", metrics),
     ("GET", "/openapi.json", openapi),

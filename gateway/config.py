@@ -107,6 +107,9 @@ class AdmissionConfig:
     """Moving window by task count (0: use window_s)."""
     window_s: float = 0.0
     """Moving window by time, in seconds (used when window_tasks is 0)."""
+    window_max_age_s: float = 5.0
+    """A count window with no new task for this long is cleared: while queries are rejected
+    no task feeds it, and stale misses would otherwise reject forever."""
     rule: str = "reject-all"
     """reject-all, lowest-class-first, largest-fanout-first or cost-ladder."""
     max_defer_ms: float = 500.0
@@ -130,6 +133,8 @@ class AdmissionConfig:
             raise ValueError(f"rule: must be one of {', '.join(rules)}, got {self.rule!r}")
         if self.max_defer_ms < 0:
             raise ValueError(f"max_defer_ms: must be >= 0, got {self.max_defer_ms}")
+        if self.window_max_age_s <= 0:
+            raise ValueError(f"window_max_age_s: must be > 0, got {self.window_max_age_s}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -113,6 +113,12 @@ class GatewayMetrics:
             ["class", "fanout"],
             registry=registry,
         )
+        self.admission = Counter(
+            "tailgate_admission_rejections_total",
+            "Queries rejected by admission control, by class and reason.",
+            ["class", "reason"],
+            registry=registry,
+        )
         self.inflight = Gauge(
             "tailgate_queries_inflight",
             "Queries dispatched and not yet answered.",
@@ -128,6 +134,22 @@ class GatewayMetrics:
         """Count one task dequeued after its t_D."""
         key = (cls, pool)
         self.miss_counts[key] = self.miss_counts.get(key, 0) + 1
+
+    def admission_rejected(self, cls: str, reason: str) -> None:
+        """Count one query rejected by admission control."""
+        self.admission.labels(cls, reason).inc()
+
+    def bind_window(self, ratio: Callable[[str | None], float], classes: list[str]) -> None:
+        """Export the windowed task deadline-miss ratio, overall and per class, at scrape time."""
+        gauge = Gauge(
+            "tailgate_task_miss_ratio",
+            "Task deadline-miss ratio over the admission window.",
+            ["class"],
+            registry=self.registry,
+        )
+        gauge.labels("all").set_function(lambda: ratio(None))
+        for c in classes:
+            gauge.labels(c).set_function(lambda c=c: ratio(c))
 
     def bind_servers(self, snapshot: Callable[[], Iterable[tuple[str, str]]]) -> None:
         """Export the server registry's (pool, state) pairs at scrape time."""

@@ -234,6 +234,12 @@ def openapi_document() -> dict[str, Any]:
                     "responses": {"200": {"description": "classes"}},
                 }
             },
+            "/v1/admission": {
+                "get": {
+                    "summary": "Admission control: miss-ratio window, thresholds, decisions",
+                    "responses": {"200": {"description": "state"}},
+                }
+            },
             "/healthz": {
                 "get": {"summary": "Liveness", "responses": {"200": {"description": "ok"}}}
             },

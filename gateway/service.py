@@ -19,12 +19,14 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from admission import QueryInfo
 from gateway.cdf import CdfBook
 from gateway.config import GatewayConfig, PoolConfig, parse_address
 from gateway.deadlines import DeadlineEstimator, DeadlinePlan, SloUnreachable
 from gateway.errors import BadRequest, NotFound, SloUnreachableError, Unavailable
 from gateway.links import LinkDown, PendingTask, ServerLink
 from gateway.metrics import GatewayMetrics, fanout_bucket
+from gateway.overload import OverloadGuard
 from gateway.queries import CANCELLED, LOST, OK, TIMEOUT, WIRE_STATUS, QueryRun, TaskOutcome
 from gateway.requests import QueryRequest, RegisterRequest
 from taskserver.service_time import make_distribution
@@ -74,6 +76,10 @@ class GatewayService:
             tail_fraction=config.tail_fraction,
         )
         self.estimator = DeadlineEstimator(self.book)
+        self.guard = OverloadGuard(config, clock)
+        self.metrics.bind_window(
+            lambda c: self.guard.window.ratio(self.clock(), c), [c.name for c in config.classes]
+        )
         self.links: dict[str, ServerLink] = {}
         self.pool_members: dict[str, list[str]] = {p.name: [] for p in config.pools}
         self._pools = {p.name: p for p in config.pools}
@@ -261,6 +267,14 @@ class GatewayService:
                 headers={"Retry-After": str(self.config.retry_after_s)},
                 extra={"servers_down": down},
             )
+        # Admission (TailGuard §III.D): may hold the query (DEFER) or refuse it (503).
+        info = QueryInfo(cls, req.priority, len(links), req.slo_ms, plan.unloaded_ms)
+        try:
+            await self.guard.admit(info, self._queue_pressure)
+        except Unavailable as exc:
+            self.metrics.queries.labels(cls, "rejected").inc()
+            self.metrics.admission_rejected(cls, str(exc.extra.get("reason", "")))
+            raise
         qid = f"{self._id_prefix}-{next(self._ids)}"
         run = QueryRun(qid, len(links), t0)
         deadline_s = t0 + plan.budget_ms / 1000.0  # TailGuard eq. (4): t_D = t0 + T_b
@@ -341,6 +355,7 @@ class GatewayService:
         if statuses == {OK}:
             status = 200
             outcome = "met" if body["met_slo"] else "missed_slo"
+            self.guard.record_query(cls, latency_ms, req.slo_ms)
             self.metrics.query_latency.labels(cls, fanout_bucket(run.fanout)).observe(
                 latency_ms / 1000.0
             )
@@ -364,6 +379,14 @@ class GatewayService:
         self.metrics.queries.labels(cls, outcome).inc()
         return QueryAnswer(status, body, outcomes, headers)
 
+    def _queue_pressure(self) -> float:
+        """Tasks waiting beyond the servers' slots, per slot (0: nothing queued)."""
+        if self.guard.controller.rule != "cost-ladder":
+            return 0.0  # only the cost ladder reads it; skip the walk over every link
+        slots = sum(lk.slots for lk in self.links.values()) or 1
+        waiting = sum(max(len(lk.outstanding) - lk.slots, 0) for lk in self.links.values())
+        return waiting / slots
+
     # -- link callbacks ------------------------------------------------------
     def _on_result(self, link: ServerLink, p: PendingTask, r: Any, now: float) -> None:
         status = WIRE_STATUS.get(r.status, "failed")
@@ -383,6 +406,7 @@ class GatewayService:
         self.metrics.task_done(link.pool, status)
         if status == OK:
             self.book.observe(link.server_id, post_queue_ms)
+            self.guard.record_task(missed, p.class_name)
             if missed:
                 self.metrics.deadline_missed(p.class_name, link.pool)
         # Positional: this runs once per task (field order of TaskOutcome).

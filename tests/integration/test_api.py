@@ -138,3 +138,41 @@ async def test_deregister_with_drain_lets_outstanding_tasks_finish(
     assert status == 502 and ans["tasks"][0]["status"] == "lost"
     async with http.delete(gw.url + "/v1/servers/ts-2?drain_s=-1") as r:
         assert r.status == 404
+
+
+async def test_admission_rejects_with_503_while_tasks_miss_deadlines(
+    cluster: Cluster, http: aiohttp.ClientSession
+) -> None:
+    import asyncio
+
+    gw = cluster.gateway(
+        "[admission]\nthreshold = 0.1\nwindow_tasks = 10\nwindow_max_age_s = 0.6\n"
+    )
+    await register(http, gw, cluster.taskserver("ts-1", "--slots", "1"))
+    slow = {
+        "slo": {"percentile": 99, "latency_ms": 200},
+        "targets": {"servers": ["ts-1"]},
+        "task": {"service_ms": 100},
+    }
+    # Six 100 ms tasks on one slot with ~190 ms budgets: the later ones miss t_D.
+    results = await asyncio.gather(*[query(http, gw, slow) for _ in range(6)])
+    assert all(r[0] == 200 for r in results)
+    missed = sum(r[1]["tasks"][0]["missed_deadline"] for r in results)
+    assert missed >= 3
+    async with http.get(gw.url + "/v1/admission") as r:
+        state = await r.json()
+    assert state["window"]["ratio"] == pytest.approx(missed / 6)
+    status, body, headers = await query(http, gw, {"class": "A", "targets": {"servers": ["ts-1"]}})
+    assert status == 503, body
+    assert body["error"]["code"] == "admission_rejected"
+    assert body["reason"] == "miss_ratio_above_threshold" and body["class"] == "A"
+    assert headers["Retry-After"] == "1"
+    async with http.get(gw.url + "/metrics") as r:
+        assert (
+            'tailgate_admission_rejections_total{class="A",reason="miss_ratio_above_threshold"} 1.0'
+            in await r.text()
+        )
+    # With no fresh tasks the stale window is forgotten, and queries are admitted again.
+    await asyncio.sleep(0.7)
+    status, body, _ = await query(http, gw, {"class": "A", "targets": {"servers": ["ts-1"]}})
+    assert status == 200, body

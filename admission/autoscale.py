@@ -1,0 +1,165 @@
+"""Threshold autoscaling on the task deadline-miss ratio (TailGuard §III.E).
+
+TailGuard sets an upper bound R_sth^U and a lower bound R_sth^L on the task deadline-miss ratio:
+above the upper bound the resource is scaled up, below the lower bound it is scaled down, and
+between them the system runs at high utilisation without violating the tail SLOs. The same
+decision drives horizontal scaling (replicas) and vertical scaling (`vertical_step`, where
+"replicas" is a scale level the shell maps to a service-time factor).
+
+Beyond the paper: cooldowns (the miss-ratio window still holds pre-scaling tasks right after
+a change), clamps to [min_replicas, max_replicas], and a bounded decision history.
+
+Errors::
+
+    AdmissionError
+     └── PolicyValueError     a bad threshold, bound, step, cooldown or direction
+
+Pure code: time comes in as `now`; nothing here reads a clock.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+from admission.controller import PolicyValueError
+
+__all__ = [
+    "SCALE_DOWN_FACTOR",
+    "SCALE_UP_FACTOR",
+    "ScaleDecision",
+    "ThresholdAutoscaler",
+    "vertical_step",
+]
+
+SCALE_UP_FACTOR = 0.8  # one step up: service 20% faster (TailGuard's vertical-scaling runs)
+SCALE_DOWN_FACTOR = 1.25  # one step down: service 25% slower, the exact inverse of a step up
+
+
+@dataclass(frozen=True, slots=True)
+class ScaleDecision:
+    """A scaling step: how many replicas to add (< 0: remove), why, and the target after it."""
+
+    delta: int
+    reason: str  # e.g. "above_upper", "below_lower", "within_thresholds", "cooldown", "at_max"
+    replicas: int  # the target replica count after the decision
+
+
+class ThresholdAutoscaler:
+    """TailGuard §III.E: scale up above R_sth^U, down below R_sth^L, with cooldowns."""
+
+    def __init__(
+        self,
+        *,
+        upper: float = 0.015,
+        lower: float = 0.005,
+        min_replicas: int = 1,
+        max_replicas: int = 16,
+        step: int = 1,
+        up_cooldown_s: float = 10.0,
+        down_cooldown_s: float = 30.0,
+        history: int = 100,
+    ) -> None:
+        if not (0 <= lower < upper <= 1):
+            raise PolicyValueError(
+                f"autoscale thresholds: need 0 <= lower < upper <= 1, "
+                f"got lower={lower!r}, upper={upper!r}"
+            )
+        for name, value, least in (
+            ("min_replicas", min_replicas, 0),
+            ("max_replicas", max_replicas, 1),
+            ("step", step, 1),
+            ("history", history, 1),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise PolicyValueError(
+                    f"autoscale {name}: must be an int >= {least}, got {value!r}"
+                )
+        if min_replicas > max_replicas:
+            raise PolicyValueError(
+                f"autoscale replicas: min_replicas={min_replicas!r} > max_replicas={max_replicas!r}"
+            )
+        for name, value in (("up_cooldown_s", up_cooldown_s), ("down_cooldown_s", down_cooldown_s)):
+            if not (value >= 0 and math.isfinite(value)):
+                raise PolicyValueError(f"autoscale {name}: must be >= 0, got {value!r}")
+        self.upper = upper  # R_sth^U
+        self.lower = lower  # R_sth^L
+        self.min_replicas = min_replicas
+        self.max_replicas = max_replicas
+        self.step = step
+        self.up_cooldown_s = up_cooldown_s
+        self.down_cooldown_s = down_cooldown_s
+        self.last_up_s: float | None = None
+        self.last_change_s: float | None = None
+        self._history: deque[dict] = deque(maxlen=history)
+
+    def decide(self, miss_ratio: float, replicas: int, now: float) -> ScaleDecision:
+        """One scaling step for the current miss ratio and replica count."""
+        decision = self._decide(miss_ratio, replicas, now)
+        if decision.delta > 0:
+            self.last_up_s = now
+        if decision.delta != 0:
+            self.last_change_s = now
+        self._history.append(
+            {
+                "time": now,
+                "ratio": miss_ratio,
+                "delta": decision.delta,
+                "reason": decision.reason,
+                "replicas": decision.replicas,
+            }
+        )
+        return decision
+
+    def snapshot(self, now: float) -> dict:
+        """Thresholds, bounds, cooldown state and the last decisions."""
+        return {
+            "now": now,
+            "upper": self.upper,
+            "lower": self.lower,
+            "min_replicas": self.min_replicas,
+            "max_replicas": self.max_replicas,
+            "step": self.step,
+            "up_cooldown_s": self.up_cooldown_s,
+            "down_cooldown_s": self.down_cooldown_s,
+            "last_up_s": self.last_up_s,
+            "last_change_s": self.last_change_s,
+            "decisions": list(self._history),
+        }
+
+    def _decide(self, miss_ratio: float, replicas: int, now: float) -> ScaleDecision:
+        # Out of bounds (a replica crashed, bounds were changed): move back in at once.
+        if replicas < self.min_replicas:
+            return ScaleDecision(self.min_replicas - replicas, "below_min", self.min_replicas)
+        if replicas > self.max_replicas:
+            return ScaleDecision(self.max_replicas - replicas, "above_max", self.max_replicas)
+        if miss_ratio > self.upper:
+            if replicas >= self.max_replicas:
+                return ScaleDecision(0, "at_max", replicas)
+            # Up waits only for the previous step up to show in the window.
+            if self.last_up_s is not None and now - self.last_up_s < self.up_cooldown_s:
+                return ScaleDecision(0, "cooldown", replicas)
+            delta = min(self.step, self.max_replicas - replicas)
+            return ScaleDecision(delta, "above_upper", replicas + delta)
+        if miss_ratio < self.lower:
+            if replicas <= self.min_replicas:
+                return ScaleDecision(0, "at_min", replicas)
+            # Down waits after any change, so a fresh step up is not undone at once.
+            if self.last_change_s is not None and now - self.last_change_s < self.down_cooldown_s:
+                return ScaleDecision(0, "cooldown", replicas)
+            delta = -min(self.step, replicas - self.min_replicas)
+            return ScaleDecision(delta, "below_lower", replicas + delta)
+        return ScaleDecision(0, "within_thresholds", replicas)
+
+
+def vertical_step(scale: float, direction: int) -> float:
+    """Service-time factor after |direction| steps: up (+) *0.8 each, down (-) *1.25 each."""
+    if isinstance(direction, bool) or not isinstance(direction, int):
+        raise PolicyValueError(f"vertical_step direction: must be an int, got {direction!r}")
+    if not (scale > 0 and math.isfinite(scale)):
+        raise PolicyValueError(f"vertical_step scale: must be > 0, got {scale!r}")
+    factor = SCALE_UP_FACTOR if direction > 0 else SCALE_DOWN_FACTOR
+    for _ in range(abs(direction)):
+        scale *= factor
+    return scale

@@ -1,0 +1,133 @@
+"""Admission control in the query path: the miss-ratio window and the controller's shell.
+
+Task results feed the window (misses as the task servers report them, or as
+the gateway's own queues see them in central queueing, TailGuard §III.D);
+each new query is put to the AdmissionController with the current pressure.
+A DEFER holds the query here and asks again; a REJECT becomes a 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from admission import Action, AdmissionController, MissRatioWindow, Pressure, QueryInfo
+from gateway.config import GatewayConfig
+from gateway.errors import Unavailable
+
+
+class OverloadGuard:
+    """Windowed task miss ratio, recent tails, and admit / defer / reject per query."""
+
+    def __init__(self, config: GatewayConfig, clock: Callable[[], float]) -> None:
+        a = config.admission
+        self.config = config
+        self.clock = clock
+        self.enabled = a.policy != "none"
+        self.window = self._new_window()
+        self._last_record = -math.inf
+        classes = sorted(config.classes, key=lambda c: (c.priority, c.name))
+        self.controller = AdmissionController(
+            rule=a.rule if self.enabled else "none",
+            threshold=a.threshold,
+            release_threshold=a.release_threshold,
+            classes=[c.name for c in classes],
+            max_defer_s=a.max_defer_ms / 1000.0,
+        )
+        self.retry_after_s = config.retry_after_s
+        # Recent latency/SLO per class, for the cost ladder's tail ratio.
+        self._tails: dict[str, deque[float]] = {}
+        self._percentile = {c.name: c.percentile for c in config.classes}
+        self._tail_ratio = 0.0
+        self._since_tail = 0
+
+    def _new_window(self) -> MissRatioWindow:
+        a = self.config.admission
+        if a.window_tasks > 0:
+            return MissRatioWindow(window_tasks=a.window_tasks)
+        return MissRatioWindow(window_tasks=None, window_s=a.window_s)
+
+    def record_task(self, missed: bool, cls: str) -> None:
+        """One task's deadline outcome."""
+        now = self.clock()
+        self._last_record = now
+        self.window.record(missed, now, cls)
+
+    def record_query(self, cls: str, latency_ms: float, slo_ms: float) -> None:
+        """One answered query's latency against its SLO."""
+        ring = self._tails.get(cls)
+        if ring is None:
+            ring = self._tails[cls] = deque(maxlen=1000)
+        ring.append(latency_ms / slo_ms)
+        self._since_tail += 1
+        if self._since_tail >= 100:  # a percentile per 100 queries, not per query
+            self._since_tail = 0
+            self._tail_ratio = max(
+                (_pctl(r, self._percentile.get(c, 99.0)) for c, r in self._tails.items()),
+                default=0.0,
+            )
+
+    def pressure(self, queue_pressure: float) -> Pressure:
+        """The load as admission sees it now."""
+        now = self.clock()
+        a = self.config.admission
+        if a.window_tasks > 0 and now - self._last_record > a.window_max_age_s:
+            # Beyond TailGuard: rejecting stops the tasks that would refresh a count
+            # window, so misses older than the max age are forgotten.
+            if self.window.count(now):
+                self.window = self._new_window()
+        return Pressure(
+            miss_ratio=self.window.ratio(now),
+            queue_pressure=queue_pressure,
+            tail_ratio=self._tail_ratio,
+        )
+
+    async def admit(self, q: QueryInfo, queue_pressure: Callable[[], float]) -> tuple[str, float]:
+        """Wait out deferrals; return (reason, waited_s) when admitted, raise 503 when not."""
+        waited = 0.0
+        while True:
+            d = self.controller.decide(q, self.pressure(queue_pressure()), self.clock())
+            if d.action is Action.ADMIT:
+                return d.reason, waited
+            if d.action is Action.REJECT:
+                p = self.pressure(queue_pressure())
+                raise Unavailable(
+                    f"admission control rejected the query ({d.reason}): task deadline-miss "
+                    f"ratio {p.miss_ratio:.2%} over the last window, threshold "
+                    f"{self.controller.threshold:.2%}",
+                    code="admission_rejected",
+                    headers={"Retry-After": str(self.retry_after_s)},
+                    extra={
+                        "reason": d.reason,
+                        "miss_ratio": p.miss_ratio,
+                        "threshold": self.controller.threshold,
+                        "class": q.cls,
+                    },
+                )
+            await asyncio.sleep(d.defer_s)
+            waited += d.defer_s
+            q = QueryInfo(q.cls, q.priority, q.fanout, q.slo_ms, q.unloaded_ms, waited)
+
+    def snapshot(self) -> dict[str, Any]:
+        """GET /v1/admission."""
+        now = self.clock()
+        a = self.config.admission
+        return {
+            "policy": a.policy,
+            "rule": a.rule if self.enabled else "none",
+            "threshold": a.threshold,
+            "release_threshold": a.release_threshold or a.threshold,
+            "window": {"tasks": a.window_tasks, "seconds": a.window_s, **self.window.snapshot(now)},
+            "tail_ratio": self._tail_ratio,
+            "controller": self.controller.snapshot(now),
+        }
+
+
+def _pctl(values: Iterable[float], p: float) -> float:
+    xs = sorted(values)
+    if not xs:
+        return 0.0
+    return xs[min(len(xs) - 1, max(0, math.ceil(p / 100.0 * len(xs)) - 1))]

@@ -1,0 +1,97 @@
+"""Threshold autoscaling on the miss ratio (TailGuard §III.E) and vertical scaling steps."""
+
+from __future__ import annotations
+
+import pytest
+
+from admission import PolicyValueError, ScaleDecision, ThresholdAutoscaler, vertical_step
+
+
+def create_autoscaler(**kwargs: object) -> ThresholdAutoscaler:
+    defaults: dict[str, object] = {
+        "upper": 0.015,
+        "lower": 0.005,
+        "min_replicas": 1,
+        "max_replicas": 4,
+        "up_cooldown_s": 10.0,
+        "down_cooldown_s": 30.0,
+    }
+    defaults.update(kwargs)
+    return ThresholdAutoscaler(**defaults)  # type: ignore[arg-type]
+
+
+def test_up_above_upper_down_below_lower_and_still_between() -> None:
+    a = create_autoscaler()
+    assert a.decide(0.02, 2, 0.0) == ScaleDecision(1, "above_upper", 3)
+    b = create_autoscaler()
+    assert b.decide(0.001, 2, 0.0) == ScaleDecision(-1, "below_lower", 1)
+    c = create_autoscaler()
+    assert c.decide(0.015, 2, 0.0) == ScaleDecision(0, "within_thresholds", 2)  # not above
+    assert c.decide(0.005, 2, 1.0) == ScaleDecision(0, "within_thresholds", 2)  # not below
+
+
+def test_cooldowns_hold_repeated_steps() -> None:
+    a = create_autoscaler(max_replicas=10)
+    assert a.decide(0.05, 1, 0.0).delta == 1
+    assert a.decide(0.05, 2, 9.9) == ScaleDecision(0, "cooldown", 2)
+    assert a.decide(0.05, 2, 10.0) == ScaleDecision(1, "above_upper", 3)
+    # Down waits down_cooldown_s after any change, so the last step up is not undone at once.
+    assert a.decide(0.0, 3, 39.9) == ScaleDecision(0, "cooldown", 3)
+    assert a.decide(0.0, 3, 40.0) == ScaleDecision(-1, "below_lower", 2)
+    # Up does not wait for a step down.
+    assert a.decide(0.05, 2, 40.5) == ScaleDecision(1, "above_upper", 3)
+    assert (a.last_up_s, a.last_change_s) == (40.5, 40.5)
+
+
+def test_replicas_are_clamped_to_min_and_max() -> None:
+    a = create_autoscaler(step=3)
+    assert a.decide(0.05, 3, 0.0) == ScaleDecision(1, "above_upper", 4)  # step capped at max
+    assert a.decide(0.05, 4, 100.0) == ScaleDecision(0, "at_max", 4)
+    b = create_autoscaler(step=3, min_replicas=2)
+    assert b.decide(0.0, 3, 0.0) == ScaleDecision(-1, "below_lower", 2)
+    assert b.decide(0.0, 2, 100.0) == ScaleDecision(0, "at_min", 2)
+    # Out of bounds (a replica crashed): back in at once, whatever the ratio or cooldown.
+    assert b.decide(0.01, 0, 100.5) == ScaleDecision(2, "below_min", 2)
+    assert b.decide(0.01, 6, 100.6) == ScaleDecision(-2, "above_max", 4)
+
+
+def test_snapshot_lists_thresholds_and_a_bounded_history() -> None:
+    a = create_autoscaler(history=2)
+    a.decide(0.02, 1, 0.0)
+    a.decide(0.01, 2, 5.0)
+    a.decide(0.02, 2, 6.0)
+    snap = a.snapshot(6.0)
+    assert (snap["upper"], snap["lower"]) == (0.015, 0.005)
+    assert (snap["min_replicas"], snap["max_replicas"]) == (1, 4)
+    assert snap["decisions"] == [
+        {"time": 5.0, "ratio": 0.01, "delta": 0, "reason": "within_thresholds", "replicas": 2},
+        {"time": 6.0, "ratio": 0.02, "delta": 0, "reason": "cooldown", "replicas": 2},
+    ]
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"lower": 0.02},  # not below upper
+        {"upper": 1.5},
+        {"min_replicas": 5},  # above max_replicas
+        {"step": 0},
+        {"up_cooldown_s": -1.0},
+        {"max_replicas": 2.0},
+    ],
+)
+def test_bad_settings_are_refused(kwargs: dict) -> None:
+    with pytest.raises(PolicyValueError):
+        create_autoscaler(**kwargs)
+
+
+def test_vertical_step_makes_service_20_percent_faster_or_25_percent_slower() -> None:
+    assert vertical_step(1.0, +1) == 0.8
+    assert vertical_step(1.0, -1) == 1.25
+    assert vertical_step(2.0, 0) == 2.0
+    assert vertical_step(1.0, 2) == pytest.approx(0.64)
+    assert vertical_step(vertical_step(1.0, 1), -1) == 1.0  # a step down undoes a step up
+    with pytest.raises(PolicyValueError):
+        vertical_step(0.0, 1)
+    with pytest.raises(PolicyValueError):
+        vertical_step(1.0, 0.5)  # type: ignore[arg-type]

@@ -1,0 +1,289 @@
+"""Swayam §4: rate prediction, the n_B model, scale-out, passive scale-in, backend order."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+
+from admission import (
+    IdleTracker,
+    PolicyValueError,
+    RatePredictor,
+    ScaleDecision,
+    SwayamPolicy,
+    backend_order,
+    estimate_backends,
+    required_backends,
+    response_percentile_ms,
+    waiting_percentile_ms,
+)
+
+# d1 = d2 = 1 ms and a retry delay of 8 ms: every failed attempt costs c = 10 ms.
+DELAYS = {"send_ms": 1.0, "reply_ms": 1.0, "retry_delay_ms": 8.0}
+
+
+def create_policy(**kwargs: object) -> SwayamPolicy:
+    defaults: dict[str, object] = {
+        "setup_s": 2.0,
+        "burst": 1.0,
+        "percentile": 99.0,
+        "target_ms": 41.0,
+        **DELAYS,
+    }
+    defaults.update(kwargs)
+    return SwayamPolicy(**defaults)  # type: ignore[arg-type]
+
+
+# -- RatePredictor ------------------------------------------------------------------------------
+
+
+def test_the_regression_line_is_extrapolated_to_now_plus_horizon() -> None:
+    p = RatePredictor()
+    for t, rate in ((0.0, 10.0), (1.0, 20.0), (2.0, 30.0)):
+        p.observe(t, rate)
+    assert p.predict(2.0, 2.0) == 50.0  # slope 10/s through (1, 20), read at t = 4
+    assert p.predict(2.0, 0.0) == 30.0
+
+
+def test_too_few_points_fall_back_to_the_last_rate() -> None:
+    p = RatePredictor(min_points=3)
+    assert p.predict(0.0, 5.0) == 0.0
+    p.observe(0.0, 10.0)
+    p.observe(1.0, 20.0)
+    assert p.predict(1.0, 5.0) == 20.0
+
+
+def test_a_falling_line_never_predicts_a_negative_rate() -> None:
+    p = RatePredictor()
+    for t, rate in ((0.0, 30.0), (1.0, 20.0), (2.0, 10.0)):
+        p.observe(t, rate)
+    assert p.predict(2.0, 5.0) == 0.0
+
+
+def test_samples_older_than_history_are_forgotten() -> None:
+    p = RatePredictor(history_s=10.0)
+    for t, rate in ((0.0, 1000.0), (5.0, 10.0), (6.0, 20.0), (7.0, 30.0)):
+        p.observe(t, rate)
+    assert len(p) == 4
+    assert p.predict(10.0, 0.0) == 60.0  # the t = 0 sample left at now = 10
+    assert len(p) == 3
+
+
+def test_samples_at_one_instant_predict_their_mean() -> None:
+    p = RatePredictor()
+    for rate in (10.0, 20.0, 30.0):
+        p.observe(1.0, rate)
+    assert p.predict(1.0, 3.0) == 20.0
+
+
+def test_bad_samples_are_refused() -> None:
+    p = RatePredictor()
+    p.observe(5.0, 1.0)
+    with pytest.raises(PolicyValueError, match="before the last sample"):
+        p.observe(4.0, 1.0)
+    with pytest.raises(PolicyValueError):
+        p.observe(6.0, -1.0)
+    with pytest.raises(PolicyValueError):
+        p.predict(6.0, -1.0)
+
+
+# -- waiting and response model -----------------------------------------------------------------
+
+
+def test_waiting_percentile_is_swayam_eq_1() -> None:
+    # rho = 0.1, p = 99: ln(0.01) / ln(0.1) = 2 attempts, one retry of 10 ms after d1 = 1 ms.
+    assert waiting_percentile_ms(0.1, 99.0, **DELAYS) == pytest.approx(11.0, rel=1e-12)
+    rho = 0.5
+    expected = 1.0 + (math.log(0.01) / math.log(rho) - 1.0) * 10.0
+    assert waiting_percentile_ms(rho, 99.0, **DELAYS) == pytest.approx(expected, rel=1e-12)
+    # rho <= 1 - p/100: the first backend tried is idle often enough; never below d1.
+    assert waiting_percentile_ms(0.005, 99.0, **DELAYS) == 1.0
+    assert waiting_percentile_ms(0.0, 99.0, **DELAYS) == 1.0
+    assert waiting_percentile_ms(1.0, 99.0, **DELAYS) == math.inf
+
+
+def test_response_percentile_with_constant_service_is_waiting_plus_service() -> None:
+    # 100 req/s of 10 ms over 4 backends: rho = 0.25.
+    got = response_percentile_ms(100.0, [10.0], 4, percentile=99.0, **DELAYS)
+    assert got == pytest.approx(waiting_percentile_ms(0.25, 99.0, **DELAYS) + 10.0, rel=1e-6)
+    assert response_percentile_ms(100.0, [10.0], 1, percentile=99.0, **DELAYS) == math.inf
+
+
+def test_required_backends_hand_computed_with_constant_service() -> None:
+    # 100 req/s x 10 ms: offered load 1. Target 41 ms = d1 + 3 retries x 10 ms + 10 ms service,
+    # so the request must succeed within 4 attempts: P(R <= 41) = 1 - rho^4 >= 0.99.
+    # n = 3: rho = 1/3, 1 - 1/81 = 0.9877 (miss); n = 4: rho = 1/4, 1 - 1/256 = 0.9961 (meets).
+    assert required_backends(100.0, [10.0], percentile=99.0, target_ms=41.0, **DELAYS) == 4
+    estimate = estimate_backends(100.0, [10.0], percentile=99.0, target_ms=41.0, **DELAYS)
+    assert (estimate.backends, estimate.meets_target, estimate.utilisation) == (4, True, 0.25)
+    # The burst factor U multiplies the rate: 200 req/s needs rho <= 1/sqrt(sqrt(100)) again.
+    assert (
+        required_backends(100.0, [10.0], percentile=99.0, target_ms=41.0, burst=2.0, **DELAYS) == 7
+    )
+
+
+def test_required_backends_convolves_waiting_with_the_service_samples() -> None:
+    # Service 10 or 30 ms (mean 20), 25 req/s, p90 within 41 ms:
+    # n = 1, rho = 1/2: (1 - 2^-4 + 1 - 2^-2) / 2 = 0.84375 (miss)
+    # n = 2, rho = 1/4: (1 - 4^-4 + 1 - 4^-2) / 2 = 0.966796875 (meets)
+    assert required_backends(25.0, [10.0, 30.0], percentile=90.0, target_ms=41.0, **DELAYS) == 2
+
+
+def test_required_backends_is_monotone_in_rate_and_stable() -> None:
+    previous = 1
+    for rate in range(0, 3001, 50):
+        n = required_backends(float(rate), [5.0, 10.0, 20.0], percentile=99.0, target_ms=80.0)
+        assert n >= previous
+        assert n > rate * (35.0 / 3) / 1000  # rho < 1
+        previous = n
+    assert previous > 1
+
+
+def test_an_unreachable_target_saturates_at_max_backends() -> None:
+    estimate = estimate_backends(
+        10.0, [50.0], percentile=99.0, target_ms=41.0, max_backends=8, **DELAYS
+    )
+    assert (estimate.backends, estimate.meets_target) == (8, False)
+    # Overload beyond max_backends: unstable even there.
+    assert required_backends(1e6, [10.0], percentile=99.0, target_ms=41.0, max_backends=8) == 8
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"percentile": 100.0},
+        {"target_ms": 0.0},
+        {"burst": 0.5},
+        {"max_backends": 0},
+        {"send_ms": -1.0},
+    ],
+)
+def test_bad_model_arguments_are_refused(kwargs: dict) -> None:
+    args: dict[str, object] = {"percentile": 99.0, "target_ms": 41.0, **kwargs}
+    with pytest.raises(PolicyValueError):
+        required_backends(10.0, [10.0], **args)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("service", [[], [0.0], [-1.0, 5.0], [math.nan]])
+def test_bad_service_samples_are_refused(service: list[float]) -> None:
+    with pytest.raises(PolicyValueError):
+        required_backends(10.0, service, percentile=99.0, target_ms=41.0)
+
+
+# -- SwayamPolicy -------------------------------------------------------------------------------
+
+
+def test_policy_scales_out_to_the_rate_predicted_t_setup_ahead() -> None:
+    s = create_policy()
+    for t, rate in ((0.0, 100.0), (1.0, 200.0), (2.0, 300.0)):
+        s.observe(t, rate, [10.0])
+    # Predicted 500 req/s at t = 4 (offered 5): rho^4 <= 0.01 needs n >= 5 / 0.3162 -> 16.
+    assert s.decide(2.0, active=4) == ScaleDecision(12, "scale_out", 16)
+    assert s.in_use == 16
+    assert s.decide(2.0, active=16) == ScaleDecision(0, "sufficient", 16)
+    assert s.decide(2.5, active=16) == ScaleDecision(2, "scale_out", 18)  # 550 req/s at t = 4.5
+
+
+def test_policy_never_scales_in_but_shrinks_the_in_use_prefix_at_most_once_per_interval() -> None:
+    # min_points above the sample count: the predictor reads back the last rate.
+    s = create_policy(min_points=100, scale_in_interval_s=2.0)
+    s.observe(0.0, 500.0, [10.0])
+    assert s.decide(0.0, active=16) == ScaleDecision(0, "sufficient", 16)
+    assert s.in_use == 16
+    s.observe(1.0, 10.0, [10.0])
+    # 10 req/s: one backend suffices; the other 15 go idle and retire themselves.
+    assert s.decide(1.0, active=16) == ScaleDecision(0, "passive_scale_in", 16)
+    assert s.in_use == 1
+    s.observe(1.5, 100.0, [10.0])  # a blip: n goes up at once (offered 1 -> 4 backends) ...
+    s.decide(1.5, active=16)
+    assert s.in_use == 4
+    s.observe(2.0, 10.0, [10.0])
+    s.decide(2.9, active=16)  # ... and comes down no sooner than 2 s after the last scale-in
+    assert s.in_use == 4
+    s.decide(3.0, active=16)
+    assert s.in_use == 1
+    assert [d["in_use"] for d in s.snapshot(3.0)["decisions"]] == [16, 1, 4, 4, 1]
+
+
+def test_policy_without_data_holds_min_backends() -> None:
+    s = create_policy(min_backends=2)
+    assert s.decide(0.0, active=0) == ScaleDecision(2, "below_min", 2)
+    assert s.decide(1.0, active=2) == ScaleDecision(0, "no_data", 2)
+
+
+def test_policy_reports_an_unreachable_target_and_scales_to_max() -> None:
+    s = create_policy(max_backends=8)
+    s.observe(0.0, 10.0, [50.0])  # 50 ms service can never answer within 41 ms
+    assert s.decide(0.0, active=3) == ScaleDecision(5, "target_unreachable", 8)
+    assert s.snapshot(0.0)["estimate"] == {
+        "backends": 8,
+        "meets_target": False,
+        "utilisation": 10.0 * 50.0 / 1000 / 8,
+    }
+
+
+def test_policy_counts_every_frontend_share_of_the_load() -> None:
+    one = create_policy()
+    four = create_policy()
+    one.observe(0.0, 400.0, [10.0])
+    four.observe(0.0, 100.0, [10.0], frontends=4)  # lambda = n_F x lambda_i (§4.2)
+    assert one.decide(0.0, active=1) == four.decide(0.0, active=1)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"burst": 0.9},
+        {"setup_s": -1.0},
+        {"min_backends": 0},
+        {"min_backends": 9, "max_backends": 8},
+        {"scale_in_interval_s": -1.0},
+        {"retry_delay_ms": -1.0},
+    ],
+)
+def test_bad_policy_settings_are_refused(kwargs: dict) -> None:
+    with pytest.raises(PolicyValueError):
+        create_policy(**kwargs)
+
+
+# -- IdleTracker --------------------------------------------------------------------------------
+
+
+def test_an_idle_backend_decommissions_after_idle_s() -> None:
+    idle = IdleTracker(60.0, since=0.0)
+    assert not idle.should_decommission(59.9)
+    assert idle.should_decommission(60.0)
+    idle.task(30.0)
+    assert not idle.should_decommission(89.9)
+    assert idle.should_decommission(90.0)
+    assert not idle.should_decommission(90.0, in_flight=1)  # a running task is not idleness
+    idle.task(20.0)  # an older report does not turn the clock back
+    assert idle.should_decommission(90.0)
+
+
+def test_the_idle_clock_starts_at_the_first_question_without_since() -> None:
+    idle = IdleTracker(10.0)
+    assert not idle.should_decommission(100.0)
+    assert not idle.should_decommission(109.9)
+    assert idle.should_decommission(110.0)
+    with pytest.raises(PolicyValueError):
+        IdleTracker(0.0)
+
+
+# -- backend order ------------------------------------------------------------------------------
+
+
+def test_backend_order_is_natural_and_independent_of_input_order() -> None:
+    ids = ["ts-10", "ts-2", "ts-1", "edge-3", "b1", "b01", "10x", "9x"]
+    expected = ["9x", "10x", "b01", "b1", "edge-3", "ts-1", "ts-2", "ts-10"]
+    assert backend_order(ids) == expected
+    for perm in itertools.islice(itertools.permutations(ids), 200):
+        assert backend_order(perm) == expected
+    assert backend_order([]) == []
+
+
+def test_backend_order_refuses_repeated_ids() -> None:
+    with pytest.raises(PolicyValueError, match="'ts-1'"):
+        backend_order(["ts-1", "ts-2", "ts-1"])
