@@ -94,6 +94,7 @@ def cmd_taskserver(args: argparse.Namespace) -> int:
         ("advertise", "advertise"),
         ("emulation", "emulation"),
         ("seed", "seed"),
+        ("idle_exit_s", "idle_exit_s"),
     ):
         value = getattr(args, attr, None)
         if value is not None:
@@ -140,6 +141,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         policy=args.policy,
         slots=args.slots,
         metrics=args.metrics_ports,
+        autoscale=args.autoscale,
+        max_servers=args.max_servers,
     )
     try:
         opts.validate()
@@ -234,6 +237,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="give each task server a /metrics port (gateway port + 100 + i)",
     )
+    p.add_argument(
+        "--autoscale",
+        action="store_true",
+        help="scale pool 'default' on the task deadline-miss ratio ([autoscaling] in the config)",
+    )
+    p.add_argument("--max-servers", type=int, help="autoscaling: most task servers")
     p.set_defaults(func=cmd_up)
 
     p = sub.add_parser("gateway", help="run the gateway")
@@ -251,6 +260,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gateway", help="gateway URL to register with")
     p.add_argument("--pool")
     p.add_argument("--advertise", help="host:port the gateway should dial")
+    p.add_argument(
+        "--idle-exit-s", type=float, help="retire after this long without a task (0: never)"
+    )
     _add_service_args(p)
     p.set_defaults(func=cmd_taskserver)
 

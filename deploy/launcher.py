@@ -32,6 +32,8 @@ class UpOptions:
     policy: str | None = None
     slots: int | None = None
     metrics: bool = False
+    autoscale: bool = False
+    max_servers: int | None = None
 
     def validate(self) -> None:
         """Raise ValueError naming the bad option."""
@@ -47,6 +49,12 @@ class UpOptions:
             raise ValueError(
                 f"--policy: must be tf-edfq, t-edfq, priq or fifo, got {self.policy!r}"
             )
+        if self.max_servers is not None and self.max_servers < max(self.servers, 1):
+            raise ValueError(
+                f"--max-servers: must be >= --servers ({self.servers}), got {self.max_servers}"
+            )
+        if self.autoscale and self.servers < 1:
+            raise ValueError("--autoscale needs --servers >= 1 (the starting replica count)")
         if self.slots is not None and self.slots < 1:
             raise ValueError(f"--slots: must be >= 1, got {self.slots}")
 
@@ -114,6 +122,17 @@ async def up(cfg: TailgateConfig, opts: UpOptions) -> None:
     from gateway.service import GatewayService
 
     gw_cfg = dataclasses.replace(cfg.gateway, host=opts.host, port=opts.port)
+    if opts.autoscale:
+        scaling = gw_cfg.autoscaling
+        top = max(opts.max_servers or scaling.max_replicas, opts.servers)
+        scaling = dataclasses.replace(
+            scaling,
+            enabled=True,
+            pool="default",
+            min_replicas=min(scaling.min_replicas, opts.servers),
+            max_replicas=top,
+        )
+        gw_cfg = dataclasses.replace(gw_cfg, autoscaling=scaling)
     if opts.edge_agents and gw_cfg.pool_named("edge") is None:
         raise SystemExit("tailgate up: --edge-agents needs a pool named 'edge' in the config")
     service = GatewayService(gw_cfg, registry=CollectorRegistry())
@@ -131,7 +150,8 @@ async def up(cfg: TailgateConfig, opts: UpOptions) -> None:
             raise SystemExit(2) from exc
         url = f"http://{opts.host}:{opts.port}"
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        specs = [(f"ts-{i + 1}", "default") for i in range(opts.servers)]
+        # With --autoscale the autoscaler's local actuator owns pool "default".
+        specs = [] if opts.autoscale else [(f"ts-{i + 1}", "default") for i in range(opts.servers)]
         specs += [(f"edge-{i + 1}", "edge") for i in range(opts.edge_agents)]
         for i, (sid, pool) in enumerate(specs):
             argv = _taskserver_argv(cfg, opts, sid, pool, url, i)
@@ -141,7 +161,13 @@ async def up(cfg: TailgateConfig, opts: UpOptions) -> None:
                     *argv, env=env, stdout=asyncio.subprocess.DEVNULL
                 )
             )
-        await _wait_ready(service, len(specs), procs)
+        if opts.autoscale:
+            extra = [
+                *(["--policy", opts.policy] if opts.policy else []),
+                *(["--slots", str(opts.slots)] if opts.slots else []),
+            ]
+            await service.enable_autoscaler(url, extra, initial=opts.servers)
+        await _wait_ready(service, len(specs) + (opts.servers if opts.autoscale else 0), procs)
         _banner(url, opts)
         while True:
             await asyncio.sleep(1.0)
@@ -185,6 +211,7 @@ def _banner(url: str, opts: UpOptions) -> None:
         f"  servers:  curl -s {url}/v1/servers",
         f"  query:    {example}",
         f"  metrics:  {url}/metrics    API: {url}/openapi.json",
+        *([f"  autoscaler: {url}/v1/autoscaler"] if opts.autoscale else []),
         "  Ctrl-C stops everything.",
     ]
     print("\n".join(lines), flush=True)

@@ -114,6 +114,24 @@ async def get_admission(request: web.Request) -> web.Response:
     return web.json_response(request.app[SERVICE_KEY].guard.snapshot())
 
 
+async def get_autoscaler(request: web.Request) -> web.Response:
+    """GET /v1/autoscaler: policy, thresholds, replicas and recent actions."""
+    service = request.app[SERVICE_KEY]
+    if service.autoscaler is not None:
+        return web.json_response(service.autoscaler.snapshot())
+    c = service.config.autoscaling
+    return web.json_response(
+        {
+            "enabled": False,
+            "policy": c.policy,
+            "pool": c.pool,
+            "thresholds": {"upper": c.upper, "lower": c.lower},
+            "replicas": {"min": c.min_replicas, "max": c.max_replicas},
+            "actions": [],
+        }
+    )
+
+
 async def healthz(request: web.Request) -> web.Response:
     """GET /healthz: the gateway is serving; says how many servers are up."""
     service = request.app[SERVICE_KEY]
@@ -141,6 +159,7 @@ ROUTES: list[tuple[str, str, Any]] = [
     ("DELETE", "/v1/servers/{id}", delete_server),
     ("GET", "/v1/classes", get_classes),
     ("GET", "/v1/admission", get_admission),
+    ("GET", "/v1/autoscaler", get_autoscaler),
     ("GET", "/healthz", healthz),
     ("GET", "/metrics", metrics),
     ("GET", "/openapi.json", openapi),
@@ -174,6 +193,8 @@ async def serve(service: GatewayService, ready: Callable[[str], None] | None = N
         port = runner.addresses[0][1]  # the real one when port 0 asked for any
         url = f"http://{config.host}:{port}"
         log.info("gateway listening on %s", url)
+        if config.autoscaling.enabled:
+            await service.enable_autoscaler(url, [])
         if ready is not None:
             ready(json.dumps({"url": url}))
         await asyncio.Event().wait()

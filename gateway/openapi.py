@@ -240,6 +240,12 @@ def openapi_document() -> dict[str, Any]:
                     "responses": {"200": {"description": "state"}},
                 }
             },
+            "/v1/autoscaler": {
+                "get": {
+                    "summary": "Autoscaler: policy, thresholds, replicas, recent actions",
+                    "responses": {"200": {"description": "state"}},
+                }
+            },
             "/healthz": {
                 "get": {"summary": "Liveness", "responses": {"200": {"description": "ok"}}}
             },

@@ -20,6 +20,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from admission import QueryInfo
+from gateway.autoscaling import AutoscalerLoop, make_actuator
 from gateway.cdf import CdfBook
 from gateway.config import GatewayConfig, PoolConfig, parse_address
 from gateway.deadlines import DeadlineEstimator, DeadlinePlan, SloUnreachable
@@ -77,6 +78,7 @@ class GatewayService:
         )
         self.estimator = DeadlineEstimator(self.book)
         self.guard = OverloadGuard(config, clock)
+        self.autoscaler: AutoscalerLoop | None = None
         self.metrics.bind_window(
             lambda c: self.guard.window.ratio(self.clock(), c), [c.name for c in config.classes]
         )
@@ -98,8 +100,27 @@ class GatewayService:
                     RegisterRequest(entry.id, pool.name, entry.address, entry.slots)
                 )
 
+    async def enable_autoscaler(
+        self, gateway_url: str, extra_args: list[str], initial: int | None = None
+    ) -> AutoscalerLoop:
+        """Scale the pool to `initial` (default: min replicas), then start the autoscaler.
+
+        Its local actuator dials gateway_url.
+        """
+        cfg = self.config.autoscaling
+        if cfg.policy == "swayam":
+            extra_args = [*extra_args, "--idle-exit-s", f"{cfg.idle_s:g}"]
+        loop = AutoscalerLoop(self, cfg, make_actuator(cfg, gateway_url, extra_args), self.clock)
+        self.autoscaler = loop
+        start = cfg.min_replicas if initial is None else initial
+        await loop.actuator.scale_to(min(max(start, cfg.min_replicas), cfg.max_replicas))
+        loop.start()
+        return loop
+
     async def stop(self) -> None:
         """Close every link; queries still running fail at once."""
+        if self.autoscaler is not None:
+            await self.autoscaler.stop()
         for link in list(self.links.values()):
             await link.close("gateway stopping")
         self.links.clear()
@@ -407,6 +428,8 @@ class GatewayService:
         if status == OK:
             self.book.observe(link.server_id, post_queue_ms)
             self.guard.record_task(missed, p.class_name)
+            if self.autoscaler is not None:
+                self.autoscaler.record_task(missed, link.pool)
             if missed:
                 self.metrics.deadline_missed(p.class_name, link.pool)
         # Positional: this runs once per task (field order of TaskOutcome).

@@ -46,6 +46,8 @@ class TaskServerConfig:
     """host:port the gateway should dial (default: host:port actually bound)."""
     register_interval_s: float = 5.0
     """Re-registration period; keeps the server known across gateway restarts."""
+    idle_exit_s: float = 0.0
+    """Retire after this long without a task (Swayam's passive scale-in); 0: never."""
 
     def __post_init__(self) -> None:
         if not self.server_id or not self.server_id.strip():
@@ -65,5 +67,7 @@ class TaskServerConfig:
             raise ValueError(f"executor: must be 'emulated', got {self.executor!r}")
         if self.emulation not in ("sleep", "spin"):
             raise ValueError(f"emulation: must be 'sleep' or 'spin', got {self.emulation!r}")
+        if self.idle_exit_s < 0:
+            raise ValueError(f"idle_exit_s: must be >= 0, got {self.idle_exit_s}")
         if self.register_interval_s <= 0:
             raise ValueError(f"register_interval_s: must be > 0, got {self.register_interval_s}")

@@ -71,6 +71,8 @@ class TaskService:
         self.busy = 0
         self.tasks_done = 0
         self.draining = False
+        self.last_activity = clock()
+        """When the last task arrived or finished (for idle retirement)."""
         self._running: dict[asyncio.Task[None], str] = {}
         """Executing tasks -> their query id (at most `slots` entries)."""
         self._conns: set[ThriftConnection] = set()
@@ -115,6 +117,7 @@ class TaskService:
     def submit(self, conn: ThriftConnection, task: Any) -> None:
         """Queue one task with its local deadlines; start it if a slot is free."""
         now = self.clock()
+        self.last_activity = now
         if self.draining:
             self._send(conn, task, 3, now, now, 0.0, False, error="server is draining")
             return
@@ -165,6 +168,7 @@ class TaskService:
             self.busy -= 1
             self._running.pop(asyncio.current_task(), None)  # type: ignore[arg-type]
         done = self.clock()
+        self.last_activity = done
         if self.metrics is not None:
             self.metrics.queue_wait.observe(dq.wait_s)
             self.metrics.service.observe(done - dequeued_s)
@@ -325,6 +329,23 @@ async def _register_forever(config: TaskServerConfig, address: str, slots: int) 
             await asyncio.sleep(config.register_interval_s)
 
 
+async def _retire_when_idle(service: TaskService, config: TaskServerConfig) -> None:
+    """Return once no task has come or gone for idle_exit_s (Swayam's passive scale-in)."""
+    while True:
+        await asyncio.sleep(min(1.0, config.idle_exit_s / 4))
+        idle = service.busy == 0 and len(service.queue) == 0
+        if idle and service.clock() - service.last_activity >= config.idle_exit_s:
+            log.info(
+                "task server %s idle for %.0f s: retiring", config.server_id, config.idle_exit_s
+            )
+            if config.gateway_url:
+                url = f"{config.gateway_url.rstrip('/')}/v1/servers/{config.server_id}"
+                with contextlib.suppress(ClientError, OSError, asyncio.TimeoutError):
+                    async with ClientSession(timeout=ClientTimeout(total=5)) as s, s.delete(url):
+                        pass
+            return
+
+
 async def serve(config: TaskServerConfig, ready: Callable[[str], None] | None = None) -> None:
     """Run a task server until cancelled."""
     registry = CollectorRegistry()
@@ -351,7 +372,10 @@ async def serve(config: TaskServerConfig, ready: Callable[[str], None] | None = 
         )
         if ready is not None:
             ready(json.dumps({"server_id": config.server_id, "address": address}))
-        await asyncio.Event().wait()
+        if config.idle_exit_s > 0:
+            await _retire_when_idle(service, config)
+        else:
+            await asyncio.Event().wait()
     finally:
         for t in background:
             t.cancel()
