@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from admission import Action, AdmissionController, MissRatioWindow, Pressure, QueryInfo
 from gateway.budget import BudgetController
 from gateway.cdf import CdfBook
 from gateway.deadlines import DeadlineEstimator, SloUnreachable
@@ -51,10 +52,12 @@ class SimResult:
     missed: int
     """Measured tasks dequeued after their deadline t_D."""
     rejected_queries: int
-    """Measured queries whose SLO was below x_p^u (the gateway answers those 422)."""
+    """Measured queries not admitted: SLO below x_p^u (the gateway's 422) or admission."""
     measured_queries: int
     utilisation: float
     """Busy time over servers x simulated time."""
+    admission_rejected: int = 0
+    """Of rejected_queries, those turned away by admission control."""
     budgets: dict[str, float] = field(default_factory=dict)
     """Final budget multiplier per class (1.0 without budget adjustment)."""
 
@@ -169,21 +172,35 @@ def simulate(
     start = np.full(tq.size, np.nan)
     sims: dict[int, ServerSim] = {}
     budget = np.nan_to_num(base_budget)
-    if controller is None:
+    unreachable = ~admitted
+    guard = _SimAdmission(scn, w, base_budget, slo_ms) if scn.admission.policy != "none" else None
+    if controller is None and guard is None:
         arrays.deadline[:] = t0 + budget[tq]
         _feed(np.flatnonzero(keep), arrays, policy, scn.servers.slots, sims, start)
     else:
+        if guard is not None:
+            # Admission reacts to the window between slices: keep the slices short.
+            epochs = max(epochs, w.queries // 50)
         bounds = np.linspace(0, w.queries, epochs + 1).astype(np.int64)
         names = [c.name for c in scn.classes]
         for e in range(epochs):
             q0, q1 = int(bounds[e]), int(bounds[e + 1])
             t_lo, t_hi = int(w.offsets[q0]), int(w.offsets[q1])
-            scale = np.array([controller.scale(n) for n in names])
+            if guard is not None:
+                now_ms = float(w.arrival_ms[q0])
+                guard.feed_results(now_ms, start, occupy, after, arrays.deadline, keep, tq, t_lo)
+                admitted[q0:q1] &= ~guard.decide(q0, q1, admitted[q0:q1])
+                keep[t_lo:t_hi] = admitted[tq[t_lo:t_hi]]
+            scale = (
+                np.array([controller.scale(n) for n in names])
+                if controller is not None
+                else np.ones(len(names))
+            )
             epoch_budget = (budget * scale[w.cls])[tq[t_lo:t_hi]]
             arrays.deadline[t_lo:t_hi] = t0[t_lo:t_hi] + epoch_budget
             tasks = t_lo + np.flatnonzero(keep[t_lo:t_hi])
             _feed(tasks, arrays, policy, scn.servers.slots, sims, start)
-            if e >= 1:
+            if controller is not None and e >= 1:
                 controller.update(_window_tails(scn, w, start, occupy, after, admitted, bounds, e))
     for sim in sims.values():
         sim.drain(start)
@@ -209,6 +226,7 @@ def simulate(
         tasks=int(task_measured.sum()),
         missed=int((missed_task & task_measured).sum()),
         rejected_queries=int((measured & ~admitted).sum()),
+        admission_rejected=int((measured & ~admitted & ~unreachable).sum()),
         measured_queries=int(measured.sum()),
         utilisation=busy / (scn.servers.count * horizon),
         budgets=controller.scales if controller is not None else {},
@@ -249,6 +267,102 @@ def _window_tails(
         if worst > -math.inf:
             tails[c.name] = (worst, c.slo_ms)
     return tails
+
+
+class _SimAdmission:
+    """TailGuard's admission control (§III.D) on the virtual clock.
+
+    Between slices of queries the window takes every task result that has
+    reached the handler by the next slice's first arrival; each query of the
+    slice is then put to the same AdmissionController the gateway runs. A
+    DEFER is counted and admitted (the simulator does not hold queries back).
+    """
+
+    def __init__(
+        self, scn: Scenario, w: Workload, budget_ms: np.ndarray, slo_ms: np.ndarray
+    ) -> None:
+        a = scn.admission
+        self.w = w
+        self.names = [c.name for c in scn.classes]
+        order = class_priorities(scn)
+        self.prio = order
+        self.ctrl = AdmissionController(
+            rule=a.rule,
+            threshold=a.threshold,
+            release_threshold=a.release_threshold,
+            classes=[self.names[i] for i in np.argsort(order)],
+            max_defer_s=a.max_defer_ms / 1000.0,
+        )
+        self.config = a
+        self.window = self._new_window()
+        self.unloaded_ms = slo_ms[w.cls] - budget_ms
+        self.slo_ms = slo_ms
+        self.lo = 0  # every task before lo has been recorded or will never be
+        self.recorded = np.zeros(int(w.offsets[-1]), dtype=bool)
+
+    def _new_window(self) -> MissRatioWindow:
+        a = self.config
+        if a.window_tasks > 0:
+            return MissRatioWindow(window_tasks=a.window_tasks)
+        return MissRatioWindow(window_tasks=None, window_s=a.window_s)
+
+    def feed_results(
+        self,
+        now_ms: float,
+        start: np.ndarray,
+        occupy: np.ndarray,
+        after: float,
+        deadline: np.ndarray,
+        keep: np.ndarray,
+        tq: np.ndarray,
+        hi: int,
+    ) -> None:
+        """Record the tasks (index < hi) whose results reached the handler by now_ms."""
+        lo = self.lo
+        done = start[lo:hi] + occupy[lo:hi] + after
+        new = keep[lo:hi] & ~self.recorded[lo:hi] & (done <= now_ms)
+        idx = lo + np.flatnonzero(new)
+        if idx.size == 0 and self.window.count(now_ms / 1000.0):
+            # Nothing reached the handler since the last slice (everything was rejected):
+            # as the gateway's window_max_age_s does, forget the stale misses, or
+            # rejection would starve the window that is to end it.
+            self.window = self._new_window()
+        if idx.size:
+            missed = start[idx] > deadline[idx]
+            cls = self.w.cls[tq[idx]]
+            for ci, name in enumerate(self.names):
+                mine = cls == ci
+                n = int(np.count_nonzero(mine))
+                if n:
+                    self.window.record_many(
+                        int(np.count_nonzero(missed & mine)), n, now_ms / 1000.0, name
+                    )
+            self.recorded[idx] = True
+        settled = self.recorded[lo:hi] | ~keep[lo:hi]
+        first_open = np.flatnonzero(~settled)
+        self.lo = lo + (int(first_open[0]) if first_open.size else hi - lo)
+
+    def decide(self, q0: int, q1: int, admissible: np.ndarray) -> np.ndarray:
+        """Which queries of the slice admission control rejects."""
+        w = self.w
+        rejected = np.zeros(q1 - q0, dtype=bool)
+        now_s = float(w.arrival_ms[q0]) / 1000.0
+        pressure = Pressure(miss_ratio=self.window.ratio(now_s))
+        for i in np.flatnonzero(admissible):
+            q = q0 + int(i)
+            ci = int(w.cls[q])
+            info = QueryInfo(
+                self.names[ci],
+                int(self.prio[ci]),
+                int(w.fanout[q]),
+                float(self.slo_ms[ci]),
+                float(self.unloaded_ms[q]),
+            )
+            if self.ctrl.decide(info, pressure, float(w.arrival_ms[q]) / 1000.0).action is (
+                Action.REJECT
+            ):
+                rejected[i] = True
+        return rejected
 
 
 def _latencies(

@@ -87,6 +87,7 @@ class Report:
             "tasks": r.tasks,
             "queries": int(r.latency_ms.size),
             "rejected_queries": r.rejected_queries,
+            "admission_rejected": r.admission_rejected,
             "met": self.met,
             "classes": {
                 name: {
@@ -118,7 +119,9 @@ class Report:
         lines = [
             f"{r.scenario.name}: policy {r.policy}, offered load {r.load:.3f}, accepted "
             f"{r.accepted_load:.3f}, utilisation {r.utilisation:.3f}, task miss ratio "
-            f"{r.miss_ratio:.4%} ({r.tasks:,} tasks, {r.latency_ms.size:,} queries)",
+            f"{r.miss_ratio:.4%} ({r.tasks:,} tasks, {r.latency_ms.size:,} queries"
+            + (f", {r.admission_rejected:,} rejected by admission" if r.admission_rejected else "")
+            + ")",
             f"{'class':<8} {'type':>10} {'pctl':>6} {'latency ms':>11} {'SLO ms':>8} "
             f"{'met':>4} {'samples':>9}",
         ]

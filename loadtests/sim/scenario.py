@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from deploy.config import ConfigError, build
+from gateway.config import AdmissionConfig
 from taskserver.queues import QueuePolicy
 from taskserver.service_time import ServiceSpec
 
@@ -233,6 +234,10 @@ class RunSpec:
             raise ValueError(f"queueing: must be 'server' or 'central', got {self.queueing!r}")
 
 
+def _no_admission() -> AdmissionConfig:
+    return AdmissionConfig(policy="none")
+
+
 def _default_classes() -> tuple[ClassSpec, ...]:
     return (ClassSpec(name="I", slo_ms=1.0),)
 
@@ -256,6 +261,8 @@ class Scenario:
     service: ServiceSpec = field(default_factory=_default_service)
     overhead: OverheadSpec = field(default_factory=OverheadSpec)
     run: RunSpec = field(default_factory=RunSpec)
+    admission: AdmissionConfig = field(default_factory=_no_admission)
+    """Admission control, as in the gateway's [admission] (default here: none)."""
     name: str = "scenario"
     """Shown in reports."""
     description: str = ""

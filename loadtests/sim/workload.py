@@ -81,7 +81,13 @@ def _cached_draws(scn: Scenario) -> _Draws:
     every policy of a comparison reuses the very same queries.
     """
     global _last
-    key = repr(replace(scn, run=replace(scn.run, policy="fifo", budget_adjust=False)))
+    key = repr(
+        replace(
+            scn,
+            run=replace(scn.run, policy="fifo", budget_adjust=False),
+            admission=replace(scn.admission, policy="none"),
+        )
+    )
     if _last is None or _last[0] != key:
         _last = (key, _draws(scn))
     return _last[1]
