@@ -24,11 +24,19 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from admission import Action, AdmissionController, MissRatioWindow, Pressure, QueryInfo
+from admission import (
+    Action,
+    AdmissionController,
+    MissRatioWindow,
+    Pressure,
+    QueryInfo,
+    ThresholdAutoscaler,
+    vertical_step,
+)
 from gateway.budget import BudgetController
 from gateway.cdf import CdfBook
 from gateway.deadlines import DeadlineEstimator, SloUnreachable
-from loadtests.sim.scenario import Scenario
+from loadtests.sim.scenario import Scenario, SimAutoscaling
 from loadtests.sim.workload import Workload, make_workload
 from taskserver.queues import QueuedTask, create_task_queue
 from taskserver.service_time import make_distribution
@@ -60,6 +68,8 @@ class SimResult:
     """Of rejected_queries, those turned away by admission control."""
     budgets: dict[str, float] = field(default_factory=dict)
     """Final budget multiplier per class (1.0 without budget adjustment)."""
+    scaling: list[dict[str, float]] = field(default_factory=list)
+    """Vertical scaling actions, in order (with [autoscaling] enabled)."""
 
     @property
     def miss_ratio(self) -> float:
@@ -165,7 +175,8 @@ def simulate(
         # The handler holds the queue; a slot is busy from send until the result is back.
         arrive, occupy, after = t0, w.task_service_ms + dispatch + ret, 0.0
     else:
-        arrive, occupy, after = t0 + dispatch, w.task_service_ms, ret
+        # A copy: vertical scaling rewrites it, and the draws are shared across runs.
+        arrive, occupy, after = t0 + dispatch, w.task_service_ms.copy(), ret
     arrays = TaskArrays(
         arrive, occupy, np.zeros(tq.size), t0 + slo_ms[w.cls][tq], prio[tq], w.task_server
     )
@@ -174,23 +185,34 @@ def simulate(
     budget = np.nan_to_num(base_budget)
     unreachable = ~admitted
     guard = _SimAdmission(scn, w, base_budget, slo_ms) if scn.admission.policy != "none" else None
-    if controller is None and guard is None:
+    scaler = _SimScaler(scn.autoscaling) if scn.autoscaling.enabled else None
+    if controller is None and guard is None and scaler is None:
         arrays.deadline[:] = t0 + budget[tq]
         _feed(np.flatnonzero(keep), arrays, policy, scn.servers.slots, sims, start)
     else:
-        if guard is not None:
-            # Admission reacts to the window between slices: keep the slices short.
+        if guard is not None or scaler is not None:
+            # Admission and scaling react between slices: keep the slices short.
             epochs = max(epochs, w.queries // 50)
         bounds = np.linspace(0, w.queries, epochs + 1).astype(np.int64)
         names = [c.name for c in scn.classes]
+        results = _ResultFeed(tq.size)
+        extra = occupy - w.task_service_ms  # wire overheads a server's speed does not change
         for e in range(epochs):
             q0, q1 = int(bounds[e]), int(bounds[e + 1])
             t_lo, t_hi = int(w.offsets[q0]), int(w.offsets[q1])
-            if guard is not None:
+            if guard is not None or scaler is not None:
                 now_ms = float(w.arrival_ms[q0])
-                guard.feed_results(now_ms, start, occupy, after, arrays.deadline, keep, tq, t_lo)
-                admitted[q0:q1] &= ~guard.decide(q0, q1, admitted[q0:q1])
-                keep[t_lo:t_hi] = admitted[tq[t_lo:t_hi]]
+                idx = results.collect(now_ms, start, start + occupy + after, keep, t_lo)
+                missed = start[idx] > arrays.deadline[idx]
+                if guard is not None:
+                    guard.record(missed, w.cls[tq[idx]], now_ms)
+                    admitted[q0:q1] &= ~guard.decide(q0, q1, admitted[q0:q1])
+                    keep[t_lo:t_hi] = admitted[tq[t_lo:t_hi]]
+                if scaler is not None:
+                    scaler.step(missed, now_ms)
+                    occupy[t_lo:t_hi] = (
+                        w.task_service_ms[t_lo:t_hi] * scaler.scale + extra[t_lo:t_hi]
+                    )
             scale = (
                 np.array([controller.scale(n) for n in names])
                 if controller is not None
@@ -230,6 +252,7 @@ def simulate(
         measured_queries=int(measured.sum()),
         utilisation=busy / (scn.servers.count * horizon),
         budgets=controller.scales if controller is not None else {},
+        scaling=scaler.actions if scaler is not None else [],
     )
 
 
@@ -269,6 +292,78 @@ def _window_tails(
     return tails
 
 
+class _ResultFeed:
+    """Hands out, slice by slice, the task results that have reached the handler."""
+
+    def __init__(self, tasks: int) -> None:
+        self.lo = 0  # every task before lo has been handed out or will never be
+        self.seen = np.zeros(tasks, dtype=bool)
+
+    def collect(
+        self, now_ms: float, start: np.ndarray, done: np.ndarray, keep: np.ndarray, hi: int
+    ) -> np.ndarray:
+        """Ids of tasks (index < hi) back by now_ms and not handed out before."""
+        lo = self.lo
+        new = keep[lo:hi] & ~self.seen[lo:hi] & (done[lo:hi] <= now_ms)
+        idx = lo + np.flatnonzero(new)
+        self.seen[idx] = True
+        settled = self.seen[lo:hi] | ~keep[lo:hi]
+        first_open = np.flatnonzero(~settled)
+        self.lo = lo + (int(first_open[0]) if first_open.size else hi - lo)
+        return idx
+
+
+class _SimScaler:
+    """TailGuard §III.E vertical scaling of emulated servers on the virtual clock.
+
+    The ThresholdAutoscaler's replica count stands for a speed level: each step up
+    makes service 20% faster (x0.8), each step down 25% slower (x1.25), as in the
+    paper's experiment; `max_steps_up`/`max_steps_down` bound the levels.
+    """
+
+    def __init__(self, spec: SimAutoscaling) -> None:
+        self.base = 1 + spec.max_steps_down
+        self.policy = ThresholdAutoscaler(
+            upper=spec.upper,
+            lower=spec.lower,
+            min_replicas=1,
+            max_replicas=self.base + spec.max_steps_up,
+            up_cooldown_s=spec.up_cooldown_ms / 1000.0,
+            down_cooldown_s=spec.down_cooldown_ms / 1000.0,
+        )
+        self.window_tasks = spec.window_tasks
+        self.window = MissRatioWindow(window_tasks=spec.window_tasks)
+        self.level = self.base
+        self.actions: list[dict[str, float]] = []
+
+    @property
+    def scale(self) -> float:
+        """Service-time multiplier of the current level."""
+        return vertical_step(1.0, self.level - self.base)
+
+    def step(self, missed: np.ndarray, now_ms: float) -> None:
+        """Feed the results back since the last slice; maybe change the level."""
+        now_s = now_ms / 1000.0
+        if missed.size:
+            self.window.record_many(int(np.count_nonzero(missed)), int(missed.size), now_s)
+        if self.window.count(now_s) < self.window_tasks // 4:
+            return  # too few results since the last change to judge it
+        ratio = self.window.ratio(now_s)
+        d = self.policy.decide(ratio, self.level, now_s)
+        if d.delta:
+            self.actions.append(
+                {
+                    "time_ms": now_ms,
+                    "miss_ratio": ratio,
+                    "from_scale": self.scale,
+                    "to_scale": vertical_step(1.0, d.replicas - self.base),
+                    "reason": d.reason,
+                }
+            )
+            self.level = d.replicas
+            self.window = MissRatioWindow(window_tasks=self.window_tasks)
+
+
 class _SimAdmission:
     """TailGuard's admission control (§III.D) on the virtual clock.
 
@@ -297,8 +392,6 @@ class _SimAdmission:
         self.window = self._new_window()
         self.unloaded_ms = slo_ms[w.cls] - budget_ms
         self.slo_ms = slo_ms
-        self.lo = 0  # every task before lo has been recorded or will never be
-        self.recorded = np.zeros(int(w.offsets[-1]), dtype=bool)
 
     def _new_window(self) -> MissRatioWindow:
         a = self.config
@@ -306,41 +399,22 @@ class _SimAdmission:
             return MissRatioWindow(window_tasks=a.window_tasks)
         return MissRatioWindow(window_tasks=None, window_s=a.window_s)
 
-    def feed_results(
-        self,
-        now_ms: float,
-        start: np.ndarray,
-        occupy: np.ndarray,
-        after: float,
-        deadline: np.ndarray,
-        keep: np.ndarray,
-        tq: np.ndarray,
-        hi: int,
-    ) -> None:
-        """Record the tasks (index < hi) whose results reached the handler by now_ms."""
-        lo = self.lo
-        done = start[lo:hi] + occupy[lo:hi] + after
-        new = keep[lo:hi] & ~self.recorded[lo:hi] & (done <= now_ms)
-        idx = lo + np.flatnonzero(new)
-        if idx.size == 0 and self.window.count(now_ms / 1000.0):
-            # Nothing reached the handler since the last slice (everything was rejected):
-            # as the gateway's window_max_age_s does, forget the stale misses, or
-            # rejection would starve the window that is to end it.
-            self.window = self._new_window()
-        if idx.size:
-            missed = start[idx] > deadline[idx]
-            cls = self.w.cls[tq[idx]]
-            for ci, name in enumerate(self.names):
-                mine = cls == ci
-                n = int(np.count_nonzero(mine))
-                if n:
-                    self.window.record_many(
-                        int(np.count_nonzero(missed & mine)), n, now_ms / 1000.0, name
-                    )
-            self.recorded[idx] = True
-        settled = self.recorded[lo:hi] | ~keep[lo:hi]
-        first_open = np.flatnonzero(~settled)
-        self.lo = lo + (int(first_open[0]) if first_open.size else hi - lo)
+    def record(self, missed: np.ndarray, cls: np.ndarray, now_ms: float) -> None:
+        """Task results that reached the handler since the last slice."""
+        if missed.size == 0:
+            if self.window.count(now_ms / 1000.0):
+                # Nothing came back (everything was rejected): as the gateway's
+                # window_max_age_s does, forget the stale misses, or rejection would
+                # starve the window that is to end it.
+                self.window = self._new_window()
+            return
+        for ci, name in enumerate(self.names):
+            mine = cls == ci
+            n = int(np.count_nonzero(mine))
+            if n:
+                self.window.record_many(
+                    int(np.count_nonzero(missed & mine)), n, now_ms / 1000.0, name
+                )
 
     def decide(self, q0: int, q1: int, admissible: np.ndarray) -> np.ndarray:
         """Which queries of the slice admission control rejects."""

@@ -88,6 +88,7 @@ class Report:
             "queries": int(r.latency_ms.size),
             "rejected_queries": r.rejected_queries,
             "admission_rejected": r.admission_rejected,
+            "scaling": r.scaling,
             "met": self.met,
             "classes": {
                 name: {

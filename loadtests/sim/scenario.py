@@ -234,6 +234,38 @@ class RunSpec:
             raise ValueError(f"queueing: must be 'server' or 'central', got {self.queueing!r}")
 
 
+@dataclass(frozen=True, slots=True)
+class SimAutoscaling:
+    """Vertical autoscaling of the emulated servers on the miss ratio (TailGuard §III.E)."""
+
+    enabled: bool = False
+    """Scale the servers' speed while the scenario runs."""
+    upper: float = 0.015
+    """R_sth^U: speed up (service -20%) above this miss ratio."""
+    lower: float = 0.005
+    """R_sth^L: slow down (service +25%) below it."""
+    window_tasks: int = 10_000
+    """Miss-ratio window of the autoscaler, in tasks."""
+    up_cooldown_ms: float = 100.0
+    """Least virtual time between two speed-ups."""
+    down_cooldown_ms: float = 300.0
+    """Least virtual time after any change before a slow-down."""
+    max_steps_up: int = 3
+    """Speed-ups allowed above the configured service speed."""
+    max_steps_down: int = 0
+    """Slow-downs allowed below it (resources given back)."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.lower < self.upper < 1:
+            raise ValueError(f"lower: need 0 <= lower < upper < 1, got {self.lower}, {self.upper}")
+        if self.window_tasks < 1:
+            raise ValueError(f"window_tasks: must be >= 1, got {self.window_tasks}")
+        if self.up_cooldown_ms < 0 or self.down_cooldown_ms < 0:
+            raise ValueError("up_cooldown_ms: cooldowns must be >= 0")
+        if self.max_steps_up < 0 or self.max_steps_down < 0:
+            raise ValueError("max_steps_up: step limits must be >= 0")
+
+
 def _no_admission() -> AdmissionConfig:
     return AdmissionConfig(policy="none")
 
@@ -263,6 +295,8 @@ class Scenario:
     run: RunSpec = field(default_factory=RunSpec)
     admission: AdmissionConfig = field(default_factory=_no_admission)
     """Admission control, as in the gateway's [admission] (default here: none)."""
+    autoscaling: SimAutoscaling = field(default_factory=SimAutoscaling)
+    """Vertical autoscaling of the emulated servers."""
     name: str = "scenario"
     """Shown in reports."""
     description: str = ""

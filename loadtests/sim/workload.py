@@ -86,6 +86,7 @@ def _cached_draws(scn: Scenario) -> _Draws:
             scn,
             run=replace(scn.run, policy="fifo", budget_adjust=False),
             admission=replace(scn.admission, policy="none"),
+            autoscaling=replace(scn.autoscaling, enabled=False),
         )
     )
     if _last is None or _last[0] != key:

@@ -256,3 +256,27 @@ async def test_live_task_server_and_simulator_dequeue_in_the_same_order(policy: 
     await finish_until(math.inf)
     assert ex.started == sim_order
     assert len(sim_order) == n
+
+
+def test_vertical_autoscaling_speeds_servers_up_when_tasks_miss(tailbench_dir: Path) -> None:
+    doc: dict[str, Any] = {
+        "servers": {"count": 100},
+        "fanout": {"fixed": 100},
+        "classes": [{"name": "A", "slo_ms": 1.0}, {"name": "B", "slo_ms": 1.5}],
+        "service": {"kind": "quantiles", "path": str(tailbench_dir / "masstree_quantiles.txt")},
+        "run": {"policy": "tf-edfq", "queries": 20_000, "seed": 1},
+    }
+    fixed = simulate(parse_scenario(doc), 0.65)
+    doc["autoscaling"] = {
+        "enabled": True,
+        "window_tasks": 5000,
+        "up_cooldown_ms": 5,
+        "down_cooldown_ms": 20,
+        "max_steps_up": 3,
+    }
+    scaled = simulate(parse_scenario(doc), 0.65)
+    # TailGuard §III.E: misses above R_sth^U make the servers 20% faster.
+    ups = [a for a in scaled.scaling if a["reason"] == "above_upper"]
+    assert ups and ups[0]["to_scale"] == pytest.approx(0.8) and ups[0]["miss_ratio"] > 0.015
+    assert scaled.miss_ratio < fixed.miss_ratio
+    assert fixed.scaling == []

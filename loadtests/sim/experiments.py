@@ -1,0 +1,853 @@
+"""The named experiments of TailGuard §IV, end to end: CSV, markdown and PNG files.
+
+Each experiment starts from a shipped scenario (``loadtests/scenarios/NAME.toml``),
+swaps in each Tailbench application's measured service times, and finds max
+loads by bisection (``maxload.find_max_load``) or by load sweeps. Every run of
+one scenario sees the same queries (common random numbers), so policies are
+compared on paired samples. Independent searches run in worker processes.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import multiprocessing as mp
+import queue
+import sys
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from loadtests.sim.budget import simulate_with_budget
+from loadtests.sim.engine import SimResult
+from loadtests.sim.maxload import find_max_load
+from loadtests.sim.progress import ProgressBar, format_duration
+from loadtests.sim.report import MIN_TAIL_SAMPLES, Report, TailStat, report
+from loadtests.sim.scenario import Scenario, load_scenario
+from taskserver.service_time import ServiceSpec
+
+APPS = ("masstree", "shore", "xapian")
+SCENARIO_DIR = Path(__file__).resolve().parent.parent / "scenarios"
+DEFAULT_DATA_DIR = Path("../shared/data/tailbench")
+"""Where the Tailbench quantile files are, relative to the working directory."""
+DEFAULT_TOL = 0.01
+"""Bisection bracket width: finer than the p99 noise of the rarest fanout type."""
+LOW, HIGH = 0.02, 0.98
+"""Load range every bisection searches."""
+
+# SLO sweeps (ms). Masstree's is the product issue's; Shore's and Xapian's were
+# picked by trial runs so that max loads fall within roughly 20-60%.
+SINGLE_CLASS_SLOS_MS = {
+    "masstree": (0.8, 1.0, 1.2, 1.4),
+    "shore": (4.5, 5.0, 6.0, 8.0),
+    "xapian": (6.5, 7.5, 9.0, 11.0),
+}
+# Class I's SLO x (class II has 1.5x); two points per app to bound the run time.
+TWO_CLASS_SLOS_MS = {"masstree": (1.0, 1.2), "shore": (5.0, 6.0), "xapian": (7.5, 9.0)}
+FIXED_FANOUT_SLOS_MS = {"masstree": (1.0, 1.5), "shore": (6.0, 10.0), "xapian": (10.0, 15.0)}
+SWEEP_LOADS = tuple(round(0.1 + 0.05 * i, 2) for i in range(17))
+"""Loads of the p99-vs-load curves: 0.10 .. 0.90."""
+FAR_PAST_SLO = 2.0
+"""A sweep stops once every class's p99 exceeds this multiple of its SLO."""
+ALL_POLICIES = ("fifo", "priq", "t-edfq", "tf-edfq")
+POLICY_TITLES = {"fifo": "FIFO", "priq": "PRIQ", "t-edfq": "T-EDFQ", "tf-edfq": "TF-EDFQ"}
+BUDGET_TITLE = "TF-EDFQ+budget"
+
+
+# --- What the experiments keep of a run --------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RunSummary:
+    """The tails of one run, without its per-query arrays (cheap to send between processes)."""
+
+    load: float
+    met: bool
+    classes: dict[str, TailStat]
+    fanout_types: dict[str, dict[str, TailStat]]
+    percentile: dict[str, float]
+    """SLO percentile of each class."""
+
+    @classmethod
+    def of(cls, rep: Report) -> RunSummary:
+        """Summarise a report."""
+        scn = rep.result.scenario
+        pct = {c.name: c.percentile for c in scn.classes}
+        return cls(rep.result.load, rep.met, rep.classes, rep.fanout_types, pct)
+
+    def class_met(self, name: str) -> bool:
+        """The class and each of its fanout types with enough samples meet the SLO."""
+        types = self.fanout_types.get(name, {}).values()
+        return self.classes[name].met and all(t.met for t in types if t.enough)
+
+
+@dataclass(frozen=True, slots=True)
+class Search:
+    """A max-load search: the load found, its bracket, the runs, the tails at the max."""
+
+    max_load: float
+    bracket: tuple[float, float]
+    probes: list[tuple[float, bool]]
+    at_max: RunSummary | None
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSearch:
+    """Max load of several groups (each class, and "all") from shared bisection probes."""
+
+    brackets: dict[str, tuple[float, float]]
+    """Group -> (highest load met, lowest load above it not met)."""
+    runs: list[RunSummary]
+
+
+# --- Jobs (run in worker processes; progress goes back through a queue) ------------------
+
+_events: Any = None
+"""Where a job reports each finished simulation: a multiprocessing queue, or a local sink."""
+
+
+def _init_worker(events: Any) -> None:
+    """Worker process start: remember where to report finished simulations."""
+    global _events
+    _events = events
+
+
+def _tick(job: int) -> None:
+    if _events is not None:
+        _events.put(job)
+
+
+def _runner(job: int) -> Callable[[Scenario, float, str], SimResult]:
+    """simulate_with_budget, reporting each finished run of this job to the progress bar."""
+
+    def run(scn: Scenario, load: float, policy: str) -> SimResult:
+        res = simulate_with_budget(scn, load, policy)
+        _tick(job)
+        return res
+
+    return run
+
+
+def _search(job: int, scn: Scenario, policy: str, tol: float) -> Search:
+    """Bisect the max load of one policy over [LOW, HIGH]."""
+    m = find_max_load(scn, policy, lo=LOW, hi=HIGH, tol=tol, run=_runner(job))
+    at_max = RunSummary.of(m.at_max) if m.at_max is not None else None
+    return Search(m.max_load, m.bracket, list(m.probes), at_max)
+
+
+def _sweep_then_search(
+    job: int, scn: Scenario, policy: str, loads: Sequence[float], tol: float
+) -> tuple[list[RunSummary], Search]:
+    """A p99-vs-load curve, then a bisection inside the bracket the curve found."""
+    run = _runner(job)
+    seen: dict[float, SimResult] = {}
+
+    def cached(s: Scenario, load: float, p: str) -> SimResult:
+        # The bisection starts from two loads the sweep already ran.
+        if load not in seen:
+            seen[load] = run(s, load, p)
+        return seen[load]
+
+    curve: list[RunSummary] = []
+    lo, hi = LOW, HIGH
+    for load in loads:
+        summary = RunSummary.of(report(cached(scn, load, policy)))
+        curve.append(summary)
+        if summary.met and hi == HIGH:
+            lo = load
+        elif hi == HIGH:
+            hi = load
+        if all(s.latency_ms > FAR_PAST_SLO * s.slo_ms for s in summary.classes.values()):
+            break
+    m = find_max_load(scn, policy, lo=min(lo, hi), hi=hi, tol=tol, run=cached)
+    at_max = RunSummary.of(m.at_max) if m.at_max is not None else None
+    return curve, Search(m.max_load, m.bracket, list(m.probes), at_max)
+
+
+def _group_search(job: int, scn: Scenario, policy: str, tol: float) -> GroupSearch:
+    """Max load of each class and of all together, bisecting with probes shared by groups.
+
+    Each probe narrows every group whose bracket contains it, so a class whose
+    max load is near another's costs few extra runs.
+    """
+    run = _runner(job)
+    groups = [c.name for c in scn.classes] + ["all"]
+    runs: list[RunSummary] = []
+
+    def probe(load: float) -> RunSummary:
+        runs.append(RunSummary.of(report(run(scn, load, policy))))
+        return runs[-1]
+
+    def ok(s: RunSummary, g: str) -> bool:
+        return s.met if g == "all" else s.class_met(g)
+
+    first, last = probe(LOW), probe(HIGH)
+    brackets: dict[str, tuple[float, float]] = {}
+    for g in groups:
+        if not ok(first, g):
+            brackets[g] = (0.0, LOW)
+        elif ok(last, g):
+            brackets[g] = (HIGH, HIGH)
+        else:
+            brackets[g] = (LOW, HIGH)
+    while True:
+        open_ = [g for g in groups if brackets[g][0] > 0 and brackets[g][1] - brackets[g][0] > tol]
+        if not open_:
+            break
+        lo, hi = max((brackets[g] for g in open_), key=lambda b: b[1] - b[0])
+        mid = (lo + hi) / 2.0
+        s = probe(mid)
+        for g in open_:
+            glo, ghi = brackets[g]
+            if glo < mid < ghi:
+                brackets[g] = (mid, ghi) if ok(s, g) else (glo, mid)
+    return GroupSearch(brackets, runs)
+
+
+def _bisection_runs(width: float, tol: float) -> int:
+    """Simulations a bisection of this bracket makes (for the progress bar)."""
+    return 2 + max(0, math.ceil(math.log2(width / tol)))
+
+
+@dataclass(slots=True)
+class _Pool:
+    """Runs jobs in worker processes (or here, with one worker) behind one progress bar."""
+
+    workers: int
+    label: str
+    quiet: bool = False
+    jobs: list[tuple[Callable[..., Any], tuple[Any, ...], int]] = field(default_factory=list)
+
+    def add(self, fn: Callable[..., Any], args: tuple[Any, ...], runs: int) -> None:
+        """Queue fn(job, *args), expected to make about `runs` simulations."""
+        self.jobs.append((fn, args, runs))
+
+    def run(self) -> list[Any]:
+        """Every job's result, in the order added."""
+        global _events
+        estimates = [r for _, _, r in self.jobs]
+        seen = [0] * len(self.jobs)
+        finished = [False] * len(self.jobs)
+        stream = io.StringIO() if self.quiet else sys.stderr
+        bar = ProgressBar(sum(estimates), f"{self.label} (simulations)", stream=stream)
+
+        def redraw() -> None:
+            # A finished job counts as its estimate, so the total never moves.
+            states = zip(estimates, seen, finished, strict=True)
+            bar.update(sum(e if f else min(s, e - 1) for e, s, f in states))
+
+        try:
+            if self.workers <= 1 or len(self.jobs) <= 1:
+                results = []
+
+                def tick(job: int) -> None:
+                    seen[job] += 1
+                    redraw()
+
+                _events = SimpleNamespace(put=tick)  # no workers: count straight into the bar
+                for i, (fn, args, _) in enumerate(self.jobs):
+                    results.append(fn(i, *args))
+                    finished[i] = True
+                    redraw()
+                return results
+            ctx = mp.get_context("spawn")  # no fork of a process that may hold threads
+            events = ctx.Queue()
+            with ProcessPoolExecutor(
+                self.workers, mp_context=ctx, initializer=_init_worker, initargs=(events,)
+            ) as pool:
+                futures: dict[Future[Any], int] = {
+                    pool.submit(fn, i, *args): i for i, (fn, args, _) in enumerate(self.jobs)
+                }
+                pending = set(futures)
+                try:
+                    while pending:
+                        done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+                        _drain(events, seen)
+                        for f in done:
+                            f.result()  # raise a worker's error here, at once
+                            finished[futures[f]] = True
+                        redraw()
+                except BaseException:
+                    pool.shutdown(wait=False, cancel_futures=True)
+                    raise
+                return [f.result() for f in futures]
+        finally:
+            _events = None
+            bar.close()
+
+
+def _drain(events: Any, seen: list[int]) -> None:
+    """Count the finished simulations workers have reported so far."""
+    while True:
+        try:
+            seen[events.get_nowait()] += 1
+        except queue.Empty:
+            return
+
+
+# --- Settings shared by the experiments --------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """How one experiment runs."""
+
+    out_dir: Path
+    """Folder of this experiment's files (OUT/NAME)."""
+    data_dir: Path
+    """Folder with the Tailbench *_quantiles.txt files."""
+    apps: tuple[str, ...]
+    """Applications to run."""
+    queries: int
+    """Queries per simulation."""
+    tol: float
+    """Bisection bracket width."""
+    workers: int
+    """Worker processes."""
+    budget: bool
+    """Also search TF-EDFQ with run-time budget adjustment (experiments 2-4)."""
+    quiet: bool
+    """No progress bar and no markdown on stdout."""
+
+    def scenario(self, base: Scenario, app: str) -> Scenario:
+        """The base scenario with this app's service times and the query count."""
+        path = self.data_dir / f"{app}_quantiles.txt"
+        if not path.is_file():
+            raise ValueError(f"Tailbench service times for {app} not found: {path} (--data-dir)")
+        scn = base.with_service(ServiceSpec(kind="quantiles", path=str(path)))
+        return replace(scn, run=replace(scn.run, queries=self.queries))
+
+    def pool(self, label: str) -> _Pool:
+        """A job pool with this experiment's workers and progress bar."""
+        return _Pool(self.workers, label, self.quiet)
+
+    def columns(self, policies: Sequence[str]) -> list[tuple[str, bool]]:
+        """(policy, budget_adjust) per column; TF-EDFQ with budget adjustment last if asked."""
+        cols = [(p, False) for p in policies]
+        return [*cols, ("tf-edfq", True)] if self.budget else cols
+
+
+def with_slos(scn: Scenario, slos_ms: Sequence[float]) -> Scenario:
+    """The scenario with its classes' SLOs set, in class order."""
+    if len(slos_ms) != len(scn.classes):
+        raise ValueError(f"slos_ms: {len(scn.classes)} classes, got {list(slos_ms)}")
+    classes = tuple(replace(c, slo_ms=s) for c, s in zip(scn.classes, slos_ms, strict=True))
+    return replace(scn, classes=classes)
+
+
+def with_budget(scn: Scenario, on: bool = True) -> Scenario:
+    """The scenario with the run-time budget controller switched on (or left as is)."""
+    return replace(scn, run=replace(scn.run, budget_adjust=True)) if on else scn
+
+
+def _title(policy: str, budget: bool) -> str:
+    return BUDGET_TITLE if budget else POLICY_TITLES[policy]
+
+
+def _fmt(load: float) -> str:
+    """A max load for a table; the ends of the searched range say so."""
+    if load >= HIGH:
+        return f">= {HIGH:g}"
+    return f"< {LOW:g}" if load <= 0 else f"{load:.3f}"
+
+
+def _gain(base: float, new: float) -> str:
+    return f"{new / base - 1:+.0%}" if base > 0 else "n/a"
+
+
+# --- Tables ------------------------------------------------------------------------------
+
+Labels = dict[str, Any]
+"""What identifies a search: app, SLO, arrivals, policy, budget_adjust..."""
+Found = list[tuple[Labels, Search]]
+
+_TAIL_COLUMNS = "class fanout_type p_latency_ms class_slo_ms samples samples_beyond_p judged met"
+TAIL_HEADER = _TAIL_COLUMNS.split()
+"""Columns of one class or fanout type's tail at one run."""
+
+
+def md_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A GitHub markdown table."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def write_csv(path: Path, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    """One CSV file with a header row."""
+    with path.open("w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(header)
+        w.writerows(rows)
+
+
+def _beyond(s: TailStat, percentile: float) -> int:
+    """Samples beyond the percentile: how many queries the p99 figure rests on."""
+    return int(s.samples * (1.0 - percentile / 100.0))
+
+
+def _tail_rows(at: RunSummary | None) -> list[list[Any]]:
+    """Rows (TAIL_HEADER) of every class, and each of its fanout types, at one run."""
+    if at is None:
+        return []
+    rows = []
+    for cname, stat in at.classes.items():
+        pct = at.percentile[cname]
+        for tname, s in [("all", stat), *at.fanout_types.get(cname, {}).items()]:
+            p = round(s.latency_ms, 4)
+            rows.append([cname, tname, p, s.slo_ms, s.samples, _beyond(s, pct), s.enough, s.met])
+    return rows
+
+
+def _write_searches(st: Settings, found: Found) -> None:
+    """maxload.csv (one row per search), tails_at_max_load.csv, probes.csv (one row per run)."""
+    head = list(found[0][0]) if found else []
+    search_rows, tail_rows, probe_rows = [], [], []
+    for labels, s in found:
+        key = list(labels.values())
+        runs = len(s.probes)
+        search_rows.append(
+            [*key, round(s.max_load, 4), *(round(b, 4) for b in s.bracket), runs, st.queries]
+        )
+        tail_rows += [[*key, round(s.max_load, 4), *r] for r in _tail_rows(s.at_max)]
+        probe_rows += [[*key, round(load, 4), met] for load, met in s.probes]
+    bracket = ["max_load", "bracket_lo", "bracket_hi", "runs", "queries"]
+    write_csv(st.out_dir / "maxload.csv", [*head, *bracket], search_rows)
+    write_csv(st.out_dir / "tails_at_max_load.csv", [*head, "max_load", *TAIL_HEADER], tail_rows)
+    write_csv(st.out_dir / "probes.csv", [*head, "load", "met"], probe_rows)
+
+
+def _max_load_table(found: Found, row_keys: Sequence[str], row_header: Sequence[str]) -> str:
+    """Markdown: one row per row_keys values, one column per (policy, budget), plus the gain."""
+    cols: list[tuple[str, bool]] = []
+    rows: dict[tuple[Any, ...], dict[tuple[str, bool], float]] = {}
+    for labels, s in found:
+        col = (labels["policy"], bool(labels.get("budget_adjust", False)))
+        if col not in cols:
+            cols.append(col)
+        rows.setdefault(tuple(labels[k] for k in row_keys), {})[col] = s.max_load
+    out = []
+    for key, loads in rows.items():
+        gain = _gain(loads.get(("fifo", False), 0.0), loads.get(("tf-edfq", False), 0.0))
+        out.append([*key, *[_fmt(loads[c]) if c in loads else "-" for c in cols], gain])
+    return md_table([*row_header, *[_title(*c) for c in cols], "TF-EDFQ vs FIFO"], out)
+
+
+def _samples_section(per_app: dict[str, RunSummary | None]) -> str:
+    """Markdown: the queries behind each percentile, per app (the same in every run of it)."""
+    parts = [
+        "## Samples behind each percentile\n\nEvery run of one scenario simulates the same "
+        "queries (common random numbers), so these counts hold for every policy and load; shown "
+        "for each app's first scenario (`tails_at_max_load.csv` has them for every search). A "
+        f"group is judged against its SLO when at least {MIN_TAIL_SAMPLES} samples lie beyond "
+        "its p99."
+    ]
+    for app, at in per_app.items():
+        if at is None:
+            continue
+        rows = []
+        for cname, types in at.fanout_types.items():
+            pct = at.percentile[cname]
+            for tname, s in types.items():
+                judged = "yes" if s.enough else "no (too few)"
+                rows.append([cname, tname, f"{s.samples:,}", f"{_beyond(s, pct):,}", judged])
+        header = ["class", "fanout type", "queries", "beyond p99", "judged"]
+        parts.append(f"{app}:\n\n" + md_table(header, rows))
+    return "\n\n".join(parts)
+
+
+def _at_max_per_app(found: Found) -> dict[str, RunSummary | None]:
+    """Each app's first run at a max load (for its sample counts)."""
+    out: dict[str, RunSummary | None] = {}
+    for labels, s in found:
+        if out.get(labels["app"]) is None:
+            out[labels["app"]] = s.at_max
+    return out
+
+
+def _searches(st: Settings, label: str, jobs: list[tuple[Labels, Scenario]]) -> Found:
+    """Bisect the max load of each (labels, scenario); labels name the policy."""
+    pool = st.pool(label)
+    for labels, scn in jobs:
+        pool.add(_search, (scn, labels["policy"], st.tol), _bisection_runs(HIGH - LOW, st.tol))
+    return list(zip([lab for lab, _ in jobs], pool.run(), strict=True))
+
+
+# --- The experiments ---------------------------------------------------------------------
+
+
+def _fanout_single_class(st: Settings, base: Scenario) -> list[str]:
+    """Experiment 1: max load vs SLO, FIFO vs TF-EDFQ, one class, k_f 1/10/100."""
+    jobs = []
+    for app in st.apps:
+        for slo in SINGLE_CLASS_SLOS_MS[app]:
+            scn = with_slos(st.scenario(base, app), (slo,))
+            jobs += [({"app": app, "slo_ms": slo, "policy": p}, scn) for p in ("fifo", "tf-edfq")]
+    found = _searches(st, "fanout-single-class", jobs)
+    _write_searches(st, found)
+
+    types = base.fanout.type_names()
+    p99_rows = []
+    lines: dict[str, dict[str, list[tuple[float, float]]]] = {}
+    bars: dict[str, tuple[list[str], dict[str, list[float]]]] = {}
+    refs: dict[str, list[float]] = {}
+    for lab, s in found:
+        app, slo, pol = lab["app"], lab["slo_ms"], POLICY_TITLES[lab["policy"]]
+        at = s.at_max.fanout_types["I"] if s.at_max else {}
+        p99_rows.append([app, slo, pol, _fmt(s.max_load), *[_p99_cell(at.get(t)) for t in types]])
+        lines.setdefault(app, {}).setdefault(pol, []).append((slo, s.max_load))
+        groups, series = bars.setdefault(f"{app} · {pol}", ([], {f"k={t}": [] for t in types}))
+        groups.append(f"{slo:g}")
+        refs.setdefault(f"{app} · {pol}", []).append(slo)
+        for t in types:
+            series[f"k={t}"].append(at[t].latency_ms if t in at else math.nan)
+
+    from loadtests.sim import plots
+
+    plots.line_panels(
+        st.out_dir / "max_load_vs_slo.png",
+        lines,
+        ylim=(0, 1),
+        title="Max load vs p99 SLO (one class, k_f 1/10/100)",
+        xlabel="p99 SLO (ms)",
+        ylabel="max load",
+    )
+    plots.grouped_bars(
+        st.out_dir / "fanout_p99_at_max_load.png",
+        bars,
+        refs=refs,
+        ncols=2,
+        title="p99 per fanout type at each policy's max load (dashed: SLO)",
+        xlabel="p99 SLO (ms)",
+        ylabel="p99 latency (ms)",
+    )
+    return [
+        "## Max load per SLO\n\nHighest load (fraction of capacity) at which the p99 of the "
+        "class and of every judged fanout type meets the SLO.\n\n"
+        + _max_load_table(found, ["app", "slo_ms"], ["app", "SLO ms"]),
+        "## p99 per fanout type at each policy's max load (ms)\n\n"
+        "`*` marks a fanout type with too few samples to be judged.\n\n"
+        + md_table(["app", "SLO ms", "policy", "max load", *[f"k={t}" for t in types]], p99_rows),
+        _samples_section(_at_max_per_app(found)),
+    ]
+
+
+def _p99_cell(s: TailStat | None) -> str:
+    return "-" if s is None else f"{s.latency_ms:.3f}" + ("" if s.enough else "*")
+
+
+def _fanout_two_classes(st: Settings, base: Scenario) -> list[str]:
+    """Experiment 2: two classes (x, 1.5x), Poisson and Pareto, all four policies."""
+    jobs = []
+    for app in st.apps:
+        for process in ("poisson", "pareto"):
+            for x in TWO_CLASS_SLOS_MS[app]:
+                scn = with_slos(st.scenario(base, app), (x, 1.5 * x))
+                scn = replace(scn, arrivals=replace(scn.arrivals, process=process))
+                for pol, budget in st.columns(ALL_POLICIES):
+                    lab = {"app": app, "arrivals": process, "slo_x_ms": x, "policy": pol}
+                    jobs.append(({**lab, "budget_adjust": budget}, with_budget(scn, budget)))
+    found = _searches(st, "fanout-two-classes", jobs)
+    _write_searches(st, found)
+
+    bars: dict[str, tuple[list[str], dict[str, list[float]]]] = {}
+    for lab, s in found:
+        groups, series = bars.setdefault(f"{lab['app']} · {lab['arrivals']}", ([], {}))
+        if f"x={lab['slo_x_ms']:g}" not in groups:
+            groups.append(f"x={lab['slo_x_ms']:g}")
+        series.setdefault(_title(lab["policy"], lab["budget_adjust"]), []).append(s.max_load)
+
+    from loadtests.sim import plots
+
+    plots.grouped_bars(
+        st.out_dir / "max_load.png",
+        bars,
+        ncols=2,
+        title="Max load, two classes (p99 SLOs x and 1.5x ms), k_f 1/10/100",
+        xlabel="SLO x of class I (ms); class II: 1.5x",
+        ylabel="max load",
+    )
+    n_slo = max(len(v) for v in TWO_CLASS_SLOS_MS.values())
+    return [
+        "## Max load per policy\n\nHighest load at which both classes (SLOs x and 1.5x), and "
+        f"every judged fanout type, meet their p99 SLOs. {n_slo} SLO points per app "
+        "(experiment 1 sweeps four) to bound the run time; Pareto inter-arrivals with "
+        f"alpha = {base.arrivals.alpha:g} (TailGuard eq. (6)).\n\n"
+        + _max_load_table(found, ["app", "arrivals", "slo_x_ms"], ["app", "arrivals", "x ms"]),
+        _samples_section(_at_max_per_app(found)),
+    ]
+
+
+def _fixed_fanout_two_classes(st: Settings, base: Scenario) -> list[str]:
+    """Experiment 3: k_f = N = 100, two classes; per-class p99 vs load, max load per policy."""
+    policies = ("fifo", "priq", "tf-edfq")
+    pool = st.pool("fixed-fanout-two-classes")
+    labels: list[Labels] = []
+    sweep_runs = len(SWEEP_LOADS) + _bisection_runs(0.05, st.tol) - 2
+    for app in st.apps:
+        scn = with_slos(st.scenario(base, app), FIXED_FANOUT_SLOS_MS[app])
+        slos = dict(zip(("slo_I_ms", "slo_II_ms"), FIXED_FANOUT_SLOS_MS[app], strict=True))
+        for pol, budget in st.columns(policies):
+            labels.append({"app": app, **slos, "policy": pol, "budget_adjust": budget})
+            if budget:  # without a sweep: keep the extra column cheap
+                pool.add(_search, (with_budget(scn), pol, st.tol), _bisection_runs(0.96, st.tol))
+            else:
+                pool.add(_sweep_then_search, (scn, pol, SWEEP_LOADS, st.tol), sweep_runs)
+    found: Found = []
+    curves: dict[tuple[str, str], list[RunSummary]] = {}
+    for lab, out in zip(labels, pool.run(), strict=True):
+        if isinstance(out, tuple):
+            curves[(lab["app"], lab["policy"])], out = out
+        found.append((lab, out))
+    _write_searches(st, found)
+
+    curve_rows, class_rows = [], []
+    panels: dict[str, dict[str, tuple[list[tuple[float, float]], float]]] = {}
+    for (app, pol), curve in curves.items():
+        for s in curve:
+            curve_rows += [[app, pol, s.load, *r, s.met] for r in _tail_rows(s) if r[1] == "all"]
+        names = list(curve[0].classes)
+        class_rows.append([app, POLICY_TITLES[pol], *[_sweep_max(curve, c) for c in names]])
+        panels[f"{app} · {POLICY_TITLES[pol]}"] = {
+            f"class {c}": ([(s.load, s.classes[c].latency_ms) for s in curve], slo_ms)
+            for c, slo_ms in ((c, curve[0].classes[c].slo_ms) for c in names)
+        }
+    write_csv(
+        st.out_dir / "p99_vs_load.csv",
+        ["app", "policy", "load", *TAIL_HEADER, "all_met"],
+        curve_rows,
+    )
+
+    from loadtests.sim import plots
+
+    plots.curves_with_slo(
+        st.out_dir / "p99_vs_load.png",
+        panels,
+        title="p99 per class vs load, k_f = N = 100 (dashed: SLOs)",
+        xlabel="load",
+        ylabel="p99 latency (ms)",
+    )
+    step = SWEEP_LOADS[1] - SWEEP_LOADS[0]
+    classes = [f"class {c.name}" for c in base.classes]
+    return [
+        "## Max load per policy\n\nBisection inside the bracket the load sweep found (TF-EDFQ "
+        "with budget adjustment: over the whole range, without a sweep).\n\n"
+        + _max_load_table(
+            found, ["app", "slo_I_ms", "slo_II_ms"], ["app", "SLO I ms", "SLO II ms"]
+        ),
+        f"## Per-class max load from the load sweep\n\nLoads {SWEEP_LOADS[0]:g} to "
+        f"{SWEEP_LOADS[-1]:g} in steps of {step:.2g}, each curve stopping once every class's p99 "
+        f"is past {FAR_PAST_SLO:g}x its SLO; the highest swept load before the class first "
+        "misses its SLO. Curves: `p99_vs_load.csv`, `p99_vs_load.png`.\n\n"
+        + md_table(["app", "policy", *classes], class_rows),
+        _samples_section(_at_max_per_app(found)),
+    ]
+
+
+def _sweep_max(curve: Sequence[RunSummary], cname: str) -> str:
+    """Highest swept load before the first at which the class misses its SLO."""
+    best = f"< {curve[0].load:g}"
+    for s in curve:
+        if not s.class_met(cname):
+            return best
+        best = f"{s.load:.2f}"
+    return f">= {best}"  # met up to the end of the sweep
+
+
+def _mixed_fanout_four_classes(st: Settings, base: Scenario) -> list[str]:
+    """Experiment 4: N = 1000, k_f uniform on 1..1000, four classes; max load per class."""
+    cols = st.columns(ALL_POLICIES)
+    pool = st.pool("mixed-fanout-four-classes")
+    scn = st.scenario(base, "masstree")
+    runs = _bisection_runs(HIGH - LOW, st.tol) + 3 * (len(scn.classes) - 1)
+    for pol, budget in cols:
+        pool.add(_group_search, (with_budget(scn, budget), pol, st.tol), runs)
+    found = dict(zip([_title(*c) for c in cols], pool.run(), strict=True))
+
+    slo = {c.name: c.slo_ms for c in scn.classes}
+    names = {**{g: f"class {g}" for g in slo}, "all": "all classes"}
+    max_rows, run_rows, table = [], [], []
+    curves: dict[str, dict[str, tuple[list[tuple[float, float]], float]]] = {}
+    for (pol, budget), (title, gs) in zip(cols, found.items(), strict=True):
+        for g, (lo, hi) in gs.brackets.items():
+            max_rows.append([pol, budget, g, slo.get(g, ""), round(lo, 4), round(hi, 4)])
+        table.append([title, *[_fmt(lo) for lo, _ in gs.brackets.values()]])
+        ordered = sorted(gs.runs, key=lambda s: s.load)
+        for s in ordered:
+            run_rows += [[pol, budget, round(s.load, 4), *r] for r in _tail_rows(s)]
+        curves[title] = {
+            names[c]: ([(s.load, s.classes[c].latency_ms) for s in ordered], slo[c]) for c in slo
+        }
+    head = ["policy", "budget_adjust"]
+    write_csv(
+        st.out_dir / "maxload.csv", [*head, "group", "slo_ms", "max_load", "bracket_hi"], max_rows
+    )
+    write_csv(st.out_dir / "runs.csv", [*head, "load", *TAIL_HEADER], run_rows)
+
+    from loadtests.sim import plots
+
+    bars = {names[g]: [gs.brackets[g][0] for gs in found.values()] for g in names}
+    plots.grouped_bars(
+        st.out_dir / "max_load_per_class.png",
+        {"masstree": (list(found), bars)},
+        title="Max load per class, N = 1000, k_f uniform on 1..1000",
+        xlabel="policy",
+        ylabel="max load",
+        ncols=1,
+    )
+    plots.curves_with_slo(
+        st.out_dir / "p99_vs_load.png",
+        curves,
+        title="p99 per class at the loads the bisection ran (dashed: SLOs)",
+        xlabel="load",
+        ylabel="p99 latency (ms)",
+    )
+    header = ["policy", *[f"class {g} ({slo[g]:g} ms)" for g in slo], "all classes"]
+    first = next(iter(found.values()))
+    return [
+        "## Max load per class\n\nHighest load at which the class's p99 (and that of each of its "
+        "judged fanout types) meets its SLO; `all classes`: the highest load at which every class "
+        "does. One bisection per policy, its runs shared by all classes "
+        f"({', '.join(f'{t}: {len(g.runs)}' for t, g in found.items())} runs).\n\n"
+        + md_table(header, table),
+        _samples_section({"masstree": first.runs[0] if first.runs else None}),
+    ]
+
+
+# --- Registry and entry point ------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Experiment:
+    """A named experiment: its defaults and body (scenario: loadtests/scenarios/NAME.toml)."""
+
+    name: str
+    title: str
+    queries: int
+    """Default queries per simulation (enough samples beyond p99 in the rarest group)."""
+    apps: tuple[str, ...]
+    """Applications it runs."""
+    body: Callable[[Settings, Scenario], list[str]]
+    """Runs the simulations, writes CSV and PNG files, returns markdown sections."""
+
+    @property
+    def scenario_path(self) -> Path:
+        """The shipped scenario it starts from."""
+        return SCENARIO_DIR / f"{self.name}.toml"
+
+
+EXPERIMENTS: dict[str, Experiment] = {
+    e.name: e
+    for e in (
+        Experiment(
+            "fanout-single-class",
+            "max load vs p99 SLO, one class, k_f 1/10/100, FIFO vs TF-EDFQ",
+            400_000,
+            APPS,
+            _fanout_single_class,
+        ),
+        Experiment(
+            "fanout-two-classes",
+            "max load, two classes (x, 1.5x), Poisson and Pareto, all four policies",
+            300_000,
+            APPS,
+            _fanout_two_classes,
+        ),
+        Experiment(
+            "fixed-fanout-two-classes",
+            "per-class p99 vs load and max load, k_f = N = 100, two classes",
+            20_000,
+            APPS,
+            _fixed_fanout_two_classes,
+        ),
+        Experiment(
+            "mixed-fanout-four-classes",
+            "max load per class, N = 1000, k_f uniform on 1..1000, four classes (Masstree)",
+            8_000,
+            ("masstree",),
+            _mixed_fanout_four_classes,
+        ),
+    )
+}
+
+
+def run_experiment(
+    name: str,
+    out: str | Path,
+    data_dir: str | Path | None = None,
+    queries: int | None = None,
+    apps: Sequence[str] | None = None,
+    *,
+    tol: float = DEFAULT_TOL,
+    workers: int = 2,
+    budget: bool = True,
+    quiet: bool = False,
+) -> Path:
+    """Run a named experiment into OUT/NAME/ and print its tables; the markdown file's path."""
+    if name not in EXPERIMENTS:
+        raise ValueError(f"experiment: unknown {name!r} (known: {', '.join(EXPERIMENTS)})")
+    exp = EXPERIMENTS[name]
+    if not 0 < tol < HIGH - LOW:
+        raise ValueError(f"tol: must be in (0, {HIGH - LOW:g}), got {tol}")
+    chosen = tuple(a.strip().lower() for a in apps) if apps else exp.apps
+    unknown = [a for a in chosen if a not in APPS]
+    if unknown:
+        raise ValueError(f"apps: unknown {', '.join(unknown)} (known: {', '.join(APPS)})")
+    runnable = tuple(a for a in chosen if a in exp.apps)
+    if not runnable:
+        raise ValueError(f"apps: {name} runs only {', '.join(exp.apps)}, got {', '.join(chosen)}")
+    n = exp.queries if queries is None else queries
+    base = load_scenario(exp.scenario_path)
+    base = replace(base, run=replace(base.run, queries=n))  # RunSpec checks n before any run
+    st = Settings(
+        out_dir=Path(out) / name,
+        data_dir=Path(data_dir) if data_dir is not None else DEFAULT_DATA_DIR,
+        apps=runnable,
+        queries=n,
+        tol=tol,
+        workers=max(1, workers),
+        budget=budget,
+        quiet=quiet,
+    )
+    for app in runnable:
+        st.scenario(base, app)  # a missing data file fails now, not after minutes of runs
+    st.out_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    sections = exp.body(st, base)
+    text = _markdown(exp, st, base, sections, time.monotonic() - t0)
+    md = st.out_dir / f"{name}.md"
+    md.write_text(text, encoding="utf-8")
+    if not quiet:
+        print(text)
+    return md
+
+
+def _markdown(
+    exp: Experiment, st: Settings, base: Scenario, sections: list[str], wall_s: float
+) -> str:
+    """The experiment's markdown report: setup, tables, files."""
+    run = base.run
+    files = sorted(p.name for p in st.out_dir.iterdir() if p.suffix in (".csv", ".png"))
+    budget = ""
+    if st.budget and exp.name != "fanout-single-class":
+        budget = f" Column `{BUDGET_TITLE}`: TF-EDFQ with run-time budget adjustment."
+    setup = [
+        f"# {exp.name}: {exp.title}",
+        "",
+        f"- Scenario: `loadtests/scenarios/{exp.name}.toml` ({base.description})",
+        f"- Applications: {', '.join(st.apps)}; service times `{st.data_dir}/<app>_quantiles.txt`",
+        f"- Queries per simulation: {st.queries:,} (the first {run.warmup:.0%} are warm-up), "
+        f"seed {run.seed}: every run of one app sees the same queries (common random numbers)",
+        f"- Max load: bisection of the load over [{LOW:g}, {HIGH:g}] until the bracket is "
+        f"narrower than {st.tol:g}; a load passes when each class's p99, and that of each of "
+        f"its fanout types with at least {MIN_TAIL_SAMPLES} samples beyond the p99, meets the "
+        f"SLO.{budget}",
+        f"- Wall time: {format_duration(wall_s)} with {st.workers} worker process(es)",
+    ]
+    files_md = "## Files\n\n" + ", ".join(f"`{f}`" for f in files)
+    return "\n".join(setup) + "\n\n" + "\n\n".join([*sections, files_md]) + "\n"

@@ -1,0 +1,160 @@
+"""The named experiments run end to end (tiny settings) and the shipped scenarios load."""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+
+import pytest
+
+from loadtests.sim.experiments import EXPERIMENTS, SINGLE_CLASS_SLOS_MS, run_experiment
+from loadtests.sim.progress import ProgressBar
+from loadtests.sim.scenario import load_scenario
+
+SCENARIOS = sorted((Path(__file__).resolve().parents[2] / "loadtests" / "scenarios").glob("*.toml"))
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def run_tiny(name: str, out: Path, data_dir: Path, **kw: object) -> Path:
+    """Run an experiment with few queries, a coarse bisection and no workers."""
+    kw = {"queries": 3000, "tol": 0.2, "workers": 1, "quiet": True, **kw}
+    return run_experiment(name, out, data_dir=str(data_dir), **kw)  # type: ignore[arg-type]
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with path.open(encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
+def test_shipped_scenario_loads(path: Path) -> None:
+    scn = load_scenario(path)
+    assert scn.name == path.stem
+    assert scn.service.kind == "quantiles"
+
+
+def test_every_experiment_has_its_scenario() -> None:
+    assert {p.stem for p in SCENARIOS} >= set(EXPERIMENTS)
+    for exp in EXPERIMENTS.values():
+        assert exp.scenario_path.is_file()
+        assert exp.title
+
+
+def test_fanout_single_class_writes_tables_and_plots(tmp_path: Path, tailbench_dir: Path) -> None:
+    md = run_tiny("fanout-single-class", tmp_path, tailbench_dir, apps=["masstree"])
+    folder = tmp_path / "fanout-single-class"
+    assert md == folder / "fanout-single-class.md"
+
+    slos = SINGLE_CLASS_SLOS_MS["masstree"]
+    rows = read_csv(folder / "maxload.csv")
+    assert [(r["slo_ms"], r["policy"]) for r in rows] == [
+        (str(s), p) for s in slos for p in ("fifo", "tf-edfq")
+    ]
+    for r in rows:
+        assert r["app"] == "masstree"
+        assert 0.0 <= float(r["max_load"]) <= 1.0
+        assert float(r["bracket_lo"]) <= float(r["bracket_hi"])
+        assert r["queries"] == "3000"
+
+    tails = read_csv(folder / "tails_at_max_load.csv")
+    # Per search: the class as a whole and its three fanout types.
+    assert len(tails) == 4 * len(rows)
+    assert {r["fanout_type"] for r in tails} == {"all", "1", "10", "100"}
+    assert all(int(r["samples"]) > 0 for r in tails)
+    probes = read_csv(folder / "probes.csv")
+    assert len(probes) == sum(int(r["runs"]) for r in rows)
+
+    text = md.read_text(encoding="utf-8")
+    assert "## Max load per SLO" in text
+    assert "3,000" in text  # queries per simulation
+    for s in slos:
+        assert f"| masstree | {s} |" in text
+    for png in ("max_load_vs_slo.png", "fanout_p99_at_max_load.png"):
+        assert (folder / png).read_bytes()[:8] == PNG_MAGIC
+
+
+def test_mixed_fanout_reports_max_load_per_class(tmp_path: Path, tailbench_dir: Path) -> None:
+    run_tiny(
+        "mixed-fanout-four-classes", tmp_path, tailbench_dir, queries=200, tol=0.3, budget=False
+    )
+    folder = tmp_path / "mixed-fanout-four-classes"
+    rows = read_csv(folder / "maxload.csv")
+    assert {r["policy"] for r in rows} == {"fifo", "priq", "t-edfq", "tf-edfq"}
+    assert {r["group"] for r in rows} == {"I", "II", "III", "IV", "all"}
+    for pol in ("fifo", "priq", "t-edfq", "tf-edfq"):
+        mine = {r["group"]: float(r["max_load"]) for r in rows if r["policy"] == pol}
+        # All classes together can carry no more than the weakest class.
+        assert mine["all"] <= min(v for g, v in mine.items() if g != "all")
+    assert (folder / "max_load_per_class.png").read_bytes()[:8] == PNG_MAGIC
+    assert "## Max load per class" in (folder / "mixed-fanout-four-classes.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("name", "files"),
+    [
+        ("fanout-two-classes", ["maxload.csv", "tails_at_max_load.csv", "max_load.png"]),
+        ("fixed-fanout-two-classes", ["maxload.csv", "p99_vs_load.csv", "p99_vs_load.png"]),
+    ],
+)
+def test_two_class_experiments_write_their_files(
+    name: str, files: list[str], tmp_path: Path, tailbench_dir: Path
+) -> None:
+    run_tiny(name, tmp_path, tailbench_dir, queries=200, apps=["masstree"], tol=0.3)
+    folder = tmp_path / name
+    for f in files:
+        assert (folder / f).stat().st_size > 0
+    rows = read_csv(folder / "maxload.csv")
+    # The budget-adjusted TF-EDFQ search comes as one more column.
+    assert [(r["policy"], r["budget_adjust"]) for r in rows][-1] == ("tf-edfq", "True")
+    assert "TF-EDFQ+budget" in (folder / f"{name}.md").read_text(encoding="utf-8")
+
+
+def test_missing_data_file_names_the_path(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"nowhere/masstree_quantiles\.txt"):
+        run_tiny("fanout-single-class", tmp_path, tmp_path / "nowhere", apps=["masstree"])
+
+
+def test_unknown_app_or_experiment_is_refused(tmp_path: Path, tailbench_dir: Path) -> None:
+    with pytest.raises(ValueError, match="memcached"):
+        run_tiny("fanout-single-class", tmp_path, tailbench_dir, apps=["memcached"])
+    with pytest.raises(ValueError, match="runs only masstree"):
+        run_tiny("mixed-fanout-four-classes", tmp_path, tailbench_dir, apps=["shore"])
+    with pytest.raises(ValueError, match="unknown 'nope'"):
+        run_tiny("nope", tmp_path, tailbench_dir)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_progress_bar_prints_a_line_per_tenth_off_a_terminal() -> None:
+    out, clock = io.StringIO(), FakeClock()
+    bar = ProgressBar(20, "exp", stream=out, clock=clock)
+    for _ in range(20):
+        clock.now += 1.0
+        bar.advance()
+    bar.close()
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 11  # 0%, 10%, ..., 100%
+    assert lines[5].startswith("exp [###############...............] 10/20")
+    assert "elapsed 0:10 eta 0:10" in lines[5]
+    assert "20/20 100%" in lines[-1]
+
+
+def test_progress_bar_redraws_in_place_on_a_terminal() -> None:
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    out = Tty()
+    bar = ProgressBar(3, stream=out, clock=FakeClock())
+    bar.advance()
+    bar.advance(5)  # clamped to the total
+    bar.close()
+    text = out.getvalue()
+    assert text.count("\r") == 3 and text.endswith("3/3 100% elapsed 0:00 eta 0:00\n")
