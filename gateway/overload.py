@@ -50,11 +50,11 @@ class OverloadGuard:
             return MissRatioWindow(window_tasks=a.window_tasks)
         return MissRatioWindow(window_tasks=None, window_s=a.window_s)
 
-    def record_task(self, missed: bool, cls: str) -> None:
-        """One task's deadline outcome."""
+    def record_tasks(self, misses: int, total: int, cls: str) -> None:
+        """A query's task deadline outcomes, recorded together when the query is decided."""
         now = self.clock()
         self._last_record = now
-        self.window.record(missed, now, cls)
+        self.window.record_many(misses, total, now, cls)
 
     def record_query(self, cls: str, latency_ms: float, slo_ms: float) -> None:
         """One answered query's latency against its SLO."""
@@ -84,6 +84,19 @@ class OverloadGuard:
             queue_pressure=queue_pressure,
             tail_ratio=self._tail_ratio,
         )
+
+    def clearly_admitted(self) -> bool:
+        """True when no rule could turn a query away now (the common case, decided cheaply).
+
+        reject-all and lowest-class-first admit everything while the miss ratio is at or
+        below the release threshold and the controller is not in overload. The cost
+        ladder also weighs queue pressure and tails, and largest-fanout-first learns the
+        fanouts it sees, so those two are always asked.
+        """
+        c = self.controller
+        if c.rule in ("cost-ladder", "largest-fanout-first") or c.overloaded:
+            return False
+        return self.window.ratio(self.clock()) <= c.release_threshold
 
     async def admit(self, q: QueryInfo, queue_pressure: Callable[[], float]) -> tuple[str, float]:
         """Wait out deferrals; return (reason, waited_s) when admitted, raise 503 when not."""

@@ -289,9 +289,10 @@ class GatewayService:
                 extra={"servers_down": down},
             )
         # Admission (TailGuard §III.D): may hold the query (DEFER) or refuse it (503).
-        info = QueryInfo(cls, req.priority, len(links), req.slo_ms, plan.unloaded_ms)
         try:
-            await self.guard.admit(info, self._queue_pressure)
+            if self.guard.enabled and not self.guard.clearly_admitted():
+                info = QueryInfo(cls, req.priority, len(links), req.slo_ms, plan.unloaded_ms)
+                await self.guard.admit(info, self._queue_pressure)
         except Unavailable as exc:
             self.metrics.queries.labels(cls, "rejected").inc()
             self.metrics.admission_rejected(cls, str(exc.extra.get("reason", "")))
@@ -377,6 +378,9 @@ class GatewayService:
             status = 200
             outcome = "met" if body["met_slo"] else "missed_slo"
             self.guard.record_query(cls, latency_ms, req.slo_ms)
+        ok_tasks = sum(1 for o in outcomes if o.status == OK)
+        if ok_tasks:
+            self.guard.record_tasks(run.misses, ok_tasks, cls)
             self.metrics.query_latency.labels(cls, fanout_bucket(run.fanout)).observe(
                 latency_ms / 1000.0
             )
@@ -427,7 +431,8 @@ class GatewayService:
         self.metrics.task_done(link.pool, status)
         if status == OK:
             self.book.observe(link.server_id, post_queue_ms)
-            self.guard.record_task(missed, p.class_name)
+            if missed:
+                p.run.misses += 1  # into the admission window once per query, in _answer
             if self.autoscaler is not None:
                 self.autoscaler.record_task(missed, link.pool)
             if missed:

@@ -77,6 +77,7 @@ async def measure(fanout: int, queries: int) -> dict[str, float]:
             await asyncio.sleep(1.0)
             q = {"class": "C", "targets": {"pool": "default", "all": True}}
             added: list[float] = []
+            parts: list[tuple[float, float]] = []
             internal: list[float] = []
             client: list[float] = []
             for i in range(queries + 200):
@@ -92,6 +93,7 @@ async def measure(fanout: int, queries: int) -> dict[str, float]:
                     continue  # warm-up
                 internal.append(ans["latency_ms"] * 1000.0)
                 added.append((ans["dispatch_ms"] + ans["merge_ms"]) * 1000.0)
+                parts.append((ans["dispatch_ms"] * 1000.0, ans["merge_ms"] * 1000.0))
                 client.append(elapsed_us)
                 await asyncio.sleep(0.001)
             cpu_us = (cpu_seconds(gw.pid) - cpu0) / queries * 1e6
@@ -106,6 +108,8 @@ async def measure(fanout: int, queries: int) -> dict[str, float]:
         "client_p50": statistics.median(client),
         "client_p99": _pct(client, 99),
         "cpu": cpu_us,
+        "dispatch_p50": statistics.median(d for d, _ in parts),
+        "merge_p50": statistics.median(m for _, m in parts),
     }
 
 
@@ -118,6 +122,9 @@ async def main_async(args: argparse.Namespace) -> None:
             f"{k:>6}          {m['added_p50']:>7.0f} / {m['added_p99']:>5.0f}   "
             f"{m['cpu']:>9.0f}       {m['internal_p50']:>5.0f} / {m['internal_p99']:>5.0f}   "
             f"{m['client_p50']:>8.0f} / {m['client_p99']:>5.0f}"
+        )
+        print(
+            f"{'':>16}(dispatch {m['dispatch_p50']:.0f} + merge {m['merge_p50']:.0f} at p50)"
         )
 
 
