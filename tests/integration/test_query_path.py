@@ -143,23 +143,23 @@ async def test_fifo_keeps_arrival_order(cluster: Cluster, http: aiohttp.ClientSe
     assert order[-1] == "tight", order
 
 
+def _long_query_on_all(http: aiohttp.ClientSession, gw) -> asyncio.Task:
+    """A 10 s task on every server of the pool, answered (at the latest) after 21 s."""
+    body = {
+        "slo": {"percentile": 99, "latency_ms": 20_000},
+        "targets": {"pool": "default", "all": True},
+        "task": {"service_ms": 10_000},
+    }
+    return asyncio.create_task(query(http, gw, body))
+
+
 async def test_killed_server_fails_the_query_fast_and_cancels_siblings(
     cluster: Cluster, http: aiohttp.ClientSession
 ) -> None:
     gw = cluster.gateway()
     a, _b = await _servers(cluster, http, gw, 2)
     t0 = time.monotonic()
-    pending = asyncio.create_task(
-        query(
-            http,
-            gw,
-            {
-                "slo": {"percentile": 99, "latency_ms": 20_000},
-                "targets": {"pool": "default", "all": True},
-                "task": {"service_ms": 10_000},
-            },
-        )
-    )
+    pending = _long_query_on_all(http, gw)
     await asyncio.sleep(0.3)
     a.kill()
     status, body, _ = await pending
@@ -188,17 +188,7 @@ async def test_hung_server_is_marked_down_by_heartbeat_and_the_query_fails(
     # A stopped process keeps its socket open: only the missed heartbeat reveals it.
     gw = cluster.gateway("[gateway]\nheartbeat_s = 0.2\nheartbeat_timeout_s = 1.0\n")
     a, _b = await _servers(cluster, http, gw, 2)
-    pending = asyncio.create_task(
-        query(
-            http,
-            gw,
-            {
-                "slo": {"percentile": 99, "latency_ms": 20_000},
-                "targets": {"pool": "default", "all": True},
-                "task": {"service_ms": 10_000},
-            },
-        )
-    )
+    pending = _long_query_on_all(http, gw)
     await asyncio.sleep(0.2)
     a.popen.send_signal(signal.SIGSTOP)
     t0 = time.monotonic()
