@@ -162,11 +162,8 @@ async def up(cfg: TailgateConfig, opts: UpOptions) -> None:
                 )
             )
         if opts.autoscale:
-            extra = [
-                *(["--policy", opts.policy] if opts.policy else []),
-                *(["--slots", str(opts.slots)] if opts.slots else []),
-            ]
-            await service.enable_autoscaler(url, extra, initial=opts.servers)
+            extra = ["--policy", opts.policy] if opts.policy else []
+            await service.enable_autoscaler(url, extra, initial=opts.servers, slots=opts.slots or 1)
         await _wait_ready(service, len(specs) + (opts.servers if opts.autoscale else 0), procs)
         _banner(url, opts)
         while True:

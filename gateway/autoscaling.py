@@ -158,13 +158,19 @@ class AutoscalerLoop:
         }
 
 
-def make_actuator(config: AutoscalingConfig, gateway_url: str, extra_args: list[str]) -> Actuator:
+def make_actuator(
+    config: AutoscalingConfig, gateway_url: str, extra_args: list[str], slots: int = 1
+) -> Actuator:
     """The actuator the config names (the local one dials this gateway's URL)."""
     from admission.actuators import KubernetesActuator, LocalActuator
 
     if config.actuator == "local":
         return LocalActuator(
-            gateway_url=gateway_url, pool=config.pool, id_prefix="ts", extra_args=extra_args
+            gateway_url=gateway_url,
+            pool=config.pool,
+            id_prefix="ts",
+            extra_args=extra_args,
+            slots=slots,
         )
     return KubernetesActuator(
         name=config.k8s_name, namespace=config.k8s_namespace, kind=config.k8s_kind

@@ -101,7 +101,11 @@ class GatewayService:
                 )
 
     async def enable_autoscaler(
-        self, gateway_url: str, extra_args: list[str], initial: int | None = None
+        self,
+        gateway_url: str,
+        extra_args: list[str],
+        initial: int | None = None,
+        slots: int = 1,
     ) -> AutoscalerLoop:
         """Scale the pool to `initial` (default: min replicas), then start the autoscaler.
 
@@ -110,7 +114,8 @@ class GatewayService:
         cfg = self.config.autoscaling
         if cfg.policy == "swayam":
             extra_args = [*extra_args, "--idle-exit-s", f"{cfg.idle_s:g}"]
-        loop = AutoscalerLoop(self, cfg, make_actuator(cfg, gateway_url, extra_args), self.clock)
+        actuator = make_actuator(cfg, gateway_url, extra_args, slots)
+        loop = AutoscalerLoop(self, cfg, actuator, self.clock)
         self.autoscaler = loop
         start = cfg.min_replicas if initial is None else initial
         await loop.actuator.scale_to(min(max(start, cfg.min_replicas), cfg.max_replicas))

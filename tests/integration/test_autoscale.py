@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -38,9 +39,7 @@ def _free_port() -> int:
 
 
 def _children(pid: int) -> list[int]:
-    out = subprocess.run(
-        ["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True
-    )
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True)
     return [int(x) for x in out.stdout.split()]
 
 
@@ -70,6 +69,7 @@ async def test_up_autoscale_adds_a_server_when_tasks_miss_deadlines(tmp_path: Pa
         cwd=REPO_ROOT,
         stdout=asyncio.subprocess.PIPE,
         env=env,
+        start_new_session=True,  # its own group, so a failed test can kill every child
     )
     url = f"http://127.0.0.1:{port}"
     children: list[int] = []
@@ -117,5 +117,6 @@ async def test_up_autoscale_adds_a_server_when_tasks_miss_deadlines(tmp_path: Pa
                 os.kill(pid, 0)
     finally:
         if proc.returncode is None:
-            proc.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
             await proc.wait()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -67,6 +68,7 @@ def test_up_serves_both_pools_and_ctrl_c_stops_everything() -> None:
         stderr=subprocess.PIPE,
         env=env,
         text=True,
+        start_new_session=True,  # its own group, so a failed test can kill every child
     )
     try:
         banner = []
@@ -121,7 +123,8 @@ def test_up_serves_both_pools_and_ctrl_c_stops_everything() -> None:
                 os.kill(pid, 0)
     finally:
         if proc.poll() is None:
-            proc.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         for stream in (proc.stdout, proc.stderr):
             if stream is not None:
