@@ -206,6 +206,7 @@ class LocalActuator(Actuator):
             "--log-level",
             "WARNING",
             "taskserver",
+            "--exit-with-parent",  # a gateway that dies takes its servers with it
             "--id",
             server_id,
             "--host",

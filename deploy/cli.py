@@ -75,6 +75,21 @@ def _add_service_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int)
 
 
+def _exit_with_parent() -> None:
+    """Ask Linux to SIGTERM this process when its parent dies (no orphaned servers)."""
+    import ctypes
+    import os
+
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    except OSError:
+        return  # not Linux/glibc: best effort only
+    parent = os.getppid()
+    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def cmd_taskserver(args: argparse.Namespace) -> int:
     """Run one task server."""
     from taskserver.server import serve
@@ -106,6 +121,8 @@ def cmd_taskserver(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:
         print(f"tailgate taskserver: {exc}", file=sys.stderr)
         return 2
+    if args.exit_with_parent:
+        _exit_with_parent()
     run_async(serve(cfg, ready=_announce))
     return 0
 
@@ -262,6 +279,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--advertise", help="host:port the gateway should dial")
     p.add_argument(
         "--idle-exit-s", type=float, help="retire after this long without a task (0: never)"
+    )
+    p.add_argument(
+        "--exit-with-parent",
+        action="store_true",
+        help="stop when the process that started this one dies (Linux)",
     )
     _add_service_args(p)
     p.set_defaults(func=cmd_taskserver)

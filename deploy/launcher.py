@@ -70,6 +70,7 @@ def _taskserver_argv(
         "--log-level",
         "WARNING",
         "taskserver",
+        "--exit-with-parent",
         "--id",
         server_id,
         "--host",

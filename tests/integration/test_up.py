@@ -129,3 +129,62 @@ def test_up_serves_both_pools_and_ctrl_c_stops_everything() -> None:
         for stream in (proc.stdout, proc.stderr):
             if stream is not None:
                 stream.close()
+
+
+def test_killed_up_takes_its_task_servers_with_it() -> None:
+    port = _free_port()
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.pop("TAILGATE_CONFIG", None)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "deploy.cli",
+            "--log-level",
+            "WARNING",
+            "up",
+            "--servers",
+            "2",
+            "--port",
+            str(port),
+        ],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        env=env,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 40
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line or "Ctrl-C" in line:
+                break
+        children = _children(proc.pid)
+        assert len(children) == 2
+        proc.kill()  # no chance to clean up: the servers must notice on their own
+        proc.wait(5)
+        deadline = time.monotonic() + 10
+        alive = children
+        while alive and time.monotonic() < deadline:
+            time.sleep(0.1)
+            alive = [p for p in children if _alive(p)]
+        assert not alive, f"orphaned task servers: {alive}"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie no one reaps any more still answers kill(0): check its state.
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    return False
