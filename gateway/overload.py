@@ -15,8 +15,26 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from admission import Action, AdmissionController, MissRatioWindow, Pressure, QueryInfo
-from gateway.config import GatewayConfig
+from gateway.config import AdmissionConfig, GatewayConfig
 from gateway.errors import Unavailable
+
+
+def admission_window(a: AdmissionConfig) -> MissRatioWindow:
+    """The miss-ratio window an [admission] table asks for (by task count or by time)."""
+    if a.window_tasks > 0:
+        return MissRatioWindow(window_tasks=a.window_tasks)
+    return MissRatioWindow(window_tasks=None, window_s=a.window_s)
+
+
+def admission_controller(a: AdmissionConfig, classes: list[str]) -> AdmissionController:
+    """The controller an [admission] table asks for; classes most protected first."""
+    return AdmissionController(
+        rule=a.rule if a.policy != "none" else "none",
+        threshold=a.threshold,
+        release_threshold=a.release_threshold,
+        classes=classes,
+        max_defer_s=a.max_defer_ms / 1000.0,
+    )
 
 
 class OverloadGuard:
@@ -27,28 +45,16 @@ class OverloadGuard:
         self.config = config
         self.clock = clock
         self.enabled = a.policy != "none"
-        self.window = self._new_window()
+        self.window = admission_window(a)
         self._last_record = -math.inf
         classes = sorted(config.classes, key=lambda c: (c.priority, c.name))
-        self.controller = AdmissionController(
-            rule=a.rule if self.enabled else "none",
-            threshold=a.threshold,
-            release_threshold=a.release_threshold,
-            classes=[c.name for c in classes],
-            max_defer_s=a.max_defer_ms / 1000.0,
-        )
+        self.controller = admission_controller(a, [c.name for c in classes])
         self.retry_after_s = config.retry_after_s
         # Recent latency/SLO per class, for the cost ladder's tail ratio.
         self._tails: dict[str, deque[float]] = {}
         self._percentile = {c.name: c.percentile for c in config.classes}
         self._tail_ratio = 0.0
         self._since_tail = 0
-
-    def _new_window(self) -> MissRatioWindow:
-        a = self.config.admission
-        if a.window_tasks > 0:
-            return MissRatioWindow(window_tasks=a.window_tasks)
-        return MissRatioWindow(window_tasks=None, window_s=a.window_s)
 
     def record_tasks(self, misses: int, total: int, cls: str) -> None:
         """A query's task deadline outcomes, recorded together when the query is decided."""
@@ -78,7 +84,7 @@ class OverloadGuard:
             # Beyond TailGuard: rejecting stops the tasks that would refresh a count
             # window, so misses older than the max age are forgotten.
             if self.window.count(now):
-                self.window = self._new_window()
+                self.window = admission_window(a)
         return Pressure(
             miss_ratio=self.window.ratio(now),
             queue_pressure=queue_pressure,

@@ -123,9 +123,7 @@ async def main_async(args: argparse.Namespace) -> None:
             f"{m['cpu']:>9.0f}       {m['internal_p50']:>5.0f} / {m['internal_p99']:>5.0f}   "
             f"{m['client_p50']:>8.0f} / {m['client_p99']:>5.0f}"
         )
-        print(
-            f"{'':>16}(dispatch {m['dispatch_p50']:.0f} + merge {m['merge_p50']:.0f} at p50)"
-        )
+        print(f"{'':>16}(dispatch {m['dispatch_p50']:.0f} + merge {m['merge_p50']:.0f} at p50)")
 
 
 def main() -> None:

@@ -191,8 +191,6 @@ class ThriftConnection(asyncio.Protocol):
         self._buf = bytearray()
         self._out: list[bytes] = []
         self._flush_scheduled = False
-        self._paused = False
-        self._drain_waiters: list[asyncio.Future[None]] = []
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self._seqid = 0
@@ -225,9 +223,9 @@ class ThriftConnection(asyncio.Protocol):
                     self._resolve_call(seqid, mtype, body)
                 else:
                     self._on_message(name, mtype, seqid, body)
-        except ProtocolViolation as exc:
+        except ProtocolViolation:
             del buf[:pos]
-            self.abort(exc)
+            self.abort()
             return
         del buf[:pos]
 
@@ -240,22 +238,8 @@ class ThriftConnection(asyncio.Protocol):
         for fut in calls.values():
             if not fut.done():
                 fut.set_exception(err)
-        for fut in self._drain_waiters:
-            if not fut.done():
-                fut.set_result(None)
-        self._drain_waiters.clear()
         if self._on_lost is not None:
             self._on_lost(exc)
-
-    def pause_writing(self) -> None:
-        self._paused = True
-
-    def resume_writing(self) -> None:
-        self._paused = False
-        waiters, self._drain_waiters = self._drain_waiters, []
-        for fut in waiters:
-            if not fut.done():
-                fut.set_result(None)
 
     # -- sending ----------------------------------------------------------
     def send(self, name: str, mtype: int, seqid: int, body: Any) -> None:
@@ -294,14 +278,6 @@ class ThriftConnection(asyncio.Protocol):
         out, self._out = self._out, []
         self.transport.write(b"".join(out) if len(out) > 1 else out[0])
 
-    async def drain(self) -> None:
-        """Wait until the transport's write buffer is below its high-water mark."""
-        if not self._paused or self.closed:
-            return
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._drain_waiters.append(fut)
-        await fut
-
     async def call(self, name: str, args: Any, timeout_s: float) -> Any:
         """A two-way call: send ``name`` and wait for its reply's success value."""
         self._seqid = (self._seqid + 1) & 0x7FFFFFFF
@@ -327,18 +303,13 @@ class ThriftConnection(asyncio.Protocol):
         result_cls = getattr(thrift().TaskServer, f"{name}_result")
         self.send(name, REPLY, seqid, result_cls(success=success))
 
-    def reply_error(self, name: str, seqid: int, message: str) -> None:
-        """Answer a two-way call with a Thrift application exception."""
-        exc = TApplicationException(TApplicationException.INTERNAL_ERROR, message)
-        self.send(name, EXCEPTION, seqid, exc)
-
     def close(self) -> None:
         """Flush what is queued and close."""
         if self.transport is not None and not self.closed:
             self._flush()
             self.transport.close()
 
-    def abort(self, exc: Exception | None = None) -> None:
+    def abort(self) -> None:
         """Drop the connection at once (bad peer)."""
         if self.transport is not None and not self.closed:
             self.transport.abort()

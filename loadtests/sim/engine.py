@@ -26,7 +26,6 @@ import numpy as np
 
 from admission import (
     Action,
-    AdmissionController,
     MissRatioWindow,
     Pressure,
     QueryInfo,
@@ -36,6 +35,7 @@ from admission import (
 from gateway.budget import BudgetController
 from gateway.cdf import CdfBook
 from gateway.deadlines import DeadlineEstimator, SloUnreachable
+from gateway.overload import admission_controller, admission_window
 from loadtests.sim.scenario import Scenario, SimAutoscaling
 from loadtests.sim.workload import Workload, make_workload
 from taskserver.queues import QueuedTask, create_task_queue
@@ -381,23 +381,11 @@ class _SimAdmission:
         self.names = [c.name for c in scn.classes]
         order = class_priorities(scn)
         self.prio = order
-        self.ctrl = AdmissionController(
-            rule=a.rule,
-            threshold=a.threshold,
-            release_threshold=a.release_threshold,
-            classes=[self.names[i] for i in np.argsort(order)],
-            max_defer_s=a.max_defer_ms / 1000.0,
-        )
+        self.ctrl = admission_controller(a, [self.names[i] for i in np.argsort(order)])
         self.config = a
-        self.window = self._new_window()
+        self.window = admission_window(a)
         self.unloaded_ms = slo_ms[w.cls] - budget_ms
         self.slo_ms = slo_ms
-
-    def _new_window(self) -> MissRatioWindow:
-        a = self.config
-        if a.window_tasks > 0:
-            return MissRatioWindow(window_tasks=a.window_tasks)
-        return MissRatioWindow(window_tasks=None, window_s=a.window_s)
 
     def record(self, missed: np.ndarray, cls: np.ndarray, now_ms: float) -> None:
         """Task results that reached the handler since the last slice."""
@@ -406,7 +394,7 @@ class _SimAdmission:
                 # Nothing came back (everything was rejected): as the gateway's
                 # window_max_age_s does, forget the stale misses, or rejection would
                 # starve the window that is to end it.
-                self.window = self._new_window()
+                self.window = admission_window(self.config)
             return
         for ci, name in enumerate(self.names):
             mine = cls == ci

@@ -95,3 +95,20 @@ def start_taskserver(server_id: str, *args: str, config: Path | None = None) -> 
 def start_gateway(config: Path | None = None, *args: str) -> Proc:
     """A gateway on a free loopback port."""
     return start_cli(["gateway", "--port", "0", *args], config=config)
+
+
+def free_port() -> int:
+    """A loopback port that was free a moment ago."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def child_pids(pid: int) -> list[int]:
+    """PIDs of a process's direct children."""
+    out = subprocess.run(
+        ["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True, check=False
+    )
+    return [int(x) for x in out.stdout.split()]

@@ -6,8 +6,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +13,7 @@ import aiohttp
 import pytest
 
 from tests.conftest import REPO_ROOT
+from tests.integration.harness import child_pids, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -32,21 +31,10 @@ interval_s = 0.25
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _children(pid: int) -> list[int]:
-    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True)
-    return [int(x) for x in out.stdout.split()]
-
-
 async def test_up_autoscale_adds_a_server_when_tasks_miss_deadlines(tmp_path: Path) -> None:
     cfg = tmp_path / "tailgate.toml"
     cfg.write_text(CONFIG)
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -108,7 +96,7 @@ async def test_up_autoscale_adds_a_server_when_tasks_miss_deadlines(tmp_path: Pa
             async with http.get(url + "/v1/servers") as r:
                 servers = [s for s in (await r.json())["servers"] if s["pool"] == "default"]
             assert len(servers) >= 2 and all(s["state"] == "up" for s in servers)
-            children = _children(proc.pid)
+            children = child_pids(proc.pid)
             assert len(children) >= 2
         proc.send_signal(signal.SIGINT)
         assert await asyncio.wait_for(proc.wait(), 20) == 0

@@ -6,7 +6,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,19 +14,9 @@ import urllib.request
 import pytest
 
 from tests.conftest import REPO_ROOT
+from tests.integration.harness import child_pids, free_port
 
 pytestmark = pytest.mark.integration
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _children(pid: int) -> list[int]:
-    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True)
-    return [int(x) for x in out.stdout.split()]
 
 
 def _post(url: str, body: dict) -> tuple[int, dict]:
@@ -45,7 +34,7 @@ def _post(url: str, body: dict) -> tuple[int, dict]:
 
 
 def test_up_serves_both_pools_and_ctrl_c_stops_everything() -> None:
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.pop("TAILGATE_CONFIG", None)
     proc = subprocess.Popen(
@@ -84,7 +73,7 @@ def test_up_serves_both_pools_and_ctrl_c_stops_everything() -> None:
         text = "".join(banner)
         assert f"http://127.0.0.1:{port}" in text, text
         assert "curl" in text
-        children = _children(proc.pid)
+        children = child_pids(proc.pid)
         assert len(children) == 5
         url = f"http://127.0.0.1:{port}/v1/queries"
         status, ans = _post(
@@ -132,7 +121,7 @@ def test_up_serves_both_pools_and_ctrl_c_stops_everything() -> None:
 
 
 def test_killed_up_takes_its_task_servers_with_it() -> None:
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.pop("TAILGATE_CONFIG", None)
     proc = subprocess.Popen(
@@ -161,7 +150,7 @@ def test_killed_up_takes_its_task_servers_with_it() -> None:
             line = proc.stdout.readline()
             if not line or "Ctrl-C" in line:
                 break
-        children = _children(proc.pid)
+        children = child_pids(proc.pid)
         assert len(children) == 2
         proc.kill()  # no chance to clean up: the servers must notice on their own
         proc.wait(5)
