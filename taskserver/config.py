@@ -48,6 +48,10 @@ class TaskServerConfig:
     """Re-registration period; keeps the server known across gateway restarts."""
     idle_exit_s: float = 0.0
     """Retire after this long without a task (Swayam's passive scale-in); 0: never."""
+    token: str | None = field(default=None, repr=False)
+    """Shared registration token sent to the gateway as a Bearer credential (None: none)."""
+    cluster: str | None = None
+    """Cluster label sent with the registration (edge agents: the Pi cluster)."""
 
     def __post_init__(self) -> None:
         if not self.server_id or not self.server_id.strip():

@@ -15,15 +15,12 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import ClientError, ClientSession, ClientTimeout, web
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from taskserver.config import TaskServerConfig
 from taskserver.executors import EmulatedExecutor, Executor, ExecutorError
-from taskserver.metrics import TaskServerMetrics
 from taskserver.queues import Dequeued, QueuedTask, QueueFull, TaskQueue, create_task_queue
 from taskserver.service_time import make_distribution
 from taskserver.wire import (
@@ -34,6 +31,11 @@ from taskserver.wire import (
     server_body_types,
     thrift,
 )
+
+if TYPE_CHECKING:  # prometheus_client is imported only when a metrics port is served
+    from prometheus_client import CollectorRegistry
+
+    from taskserver.metrics import TaskServerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -270,16 +272,23 @@ class TaskService:
 
 
 def build_service(
-    config: TaskServerConfig, registry: CollectorRegistry | None = None
+    config: TaskServerConfig,
+    registry: CollectorRegistry | None = None,
+    executor: Executor | None = None,
 ) -> TaskService:
-    """Wire a TaskService from its config."""
-    executor = EmulatedExecutor(
-        make_distribution(config.service),
-        mode=config.emulation,  # type: ignore[arg-type]
-        seed=config.seed,
-        server_id=config.server_id,
-    )
-    metrics = TaskServerMetrics(registry, config.server_id) if registry is not None else None
+    """Wire a TaskService from its config (an emulated executor unless one is given)."""
+    if executor is None:
+        executor = EmulatedExecutor(
+            make_distribution(config.service),
+            mode=config.emulation,  # type: ignore[arg-type]
+            seed=config.seed,
+            server_id=config.server_id,
+        )
+    metrics = None
+    if registry is not None:
+        from taskserver.metrics import TaskServerMetrics
+
+        metrics = TaskServerMetrics(registry, config.server_id)
     return TaskService(
         config.server_id,
         create_task_queue(config.policy, max_len=config.max_queue),
@@ -290,6 +299,9 @@ def build_service(
 
 
 def _metrics_app(service: TaskService, registry: CollectorRegistry) -> web.Application:
+    from prometheus_client import generate_latest
+    from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(
             body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
@@ -313,16 +325,35 @@ def _metrics_app(service: TaskService, registry: CollectorRegistry) -> web.Appli
     return app
 
 
+def auth_headers(config: TaskServerConfig) -> dict[str, str]:
+    """The registration credential, if this server has a token."""
+    return {"Authorization": f"Bearer {config.token}"} if config.token else {}
+
+
 async def _register_forever(config: TaskServerConfig, address: str, slots: int) -> None:
-    """Register with the gateway now and every interval (idempotent; survives its restarts)."""
+    """Register with the gateway now and every interval (idempotent; survives its restarts).
+
+    Each registration doubles as this server's heartbeat towards the gateway.
+    """
     assert config.gateway_url
     url = config.gateway_url.rstrip("/") + "/v1/servers"
-    body = {"id": config.server_id, "pool": config.pool, "address": address, "slots": slots}
-    async with ClientSession(timeout=ClientTimeout(total=5)) as session:
+    body: dict[str, Any] = {
+        "id": config.server_id,
+        "pool": config.pool,
+        "address": address,
+        "slots": slots,
+    }
+    if config.cluster:
+        body["cluster"] = config.cluster
+    async with ClientSession(
+        timeout=ClientTimeout(total=5), headers=auth_headers(config)
+    ) as session:
         while True:
             try:
                 async with session.post(url, json=body) as resp:
-                    if resp.status >= 400:
+                    if resp.status == 401:
+                        log.error("registration refused: wrong or missing token (401)")
+                    elif resp.status >= 400:
                         log.warning("registration refused (%s): %s", resp.status, await resp.text())
             except (TimeoutError, ClientError, OSError) as exc:
                 log.info("gateway %s not reachable yet: %s", url, exc)
@@ -341,15 +372,26 @@ async def _retire_when_idle(service: TaskService, config: TaskServerConfig) -> N
             if config.gateway_url:
                 url = f"{config.gateway_url.rstrip('/')}/v1/servers/{config.server_id}"
                 with contextlib.suppress(ClientError, OSError, asyncio.TimeoutError):
-                    async with ClientSession(timeout=ClientTimeout(total=5)) as s, s.delete(url):
+                    async with (
+                        ClientSession(timeout=ClientTimeout(total=5)) as s,
+                        s.delete(url, headers=auth_headers(config)),
+                    ):
                         pass
             return
 
 
-async def serve(config: TaskServerConfig, ready: Callable[[str], None] | None = None) -> None:
-    """Run a task server until cancelled."""
-    registry = CollectorRegistry()
-    service = build_service(config, registry)
+async def serve(
+    config: TaskServerConfig,
+    ready: Callable[[str], None] | None = None,
+    executor: Executor | None = None,
+) -> None:
+    """Run a task server until cancelled (with `executor`, or an emulated one)."""
+    registry = None
+    if config.metrics_port:
+        from prometheus_client import CollectorRegistry
+
+        registry = CollectorRegistry()
+    service = build_service(config, registry, executor)
     loop = asyncio.get_running_loop()
     server = await loop.create_server(service.protocol_factory, config.host, config.port)
     port = server.sockets[0].getsockname()[1]
@@ -357,7 +399,7 @@ async def serve(config: TaskServerConfig, ready: Callable[[str], None] | None = 
     runner: web.AppRunner | None = None
     background: list[asyncio.Task[None]] = []
     try:
-        if config.metrics_port:
+        if registry is not None:
             runner = web.AppRunner(_metrics_app(service, registry), access_log=None)
             await runner.setup()
             await web.TCPSite(runner, config.host, config.metrics_port).start()
