@@ -88,6 +88,7 @@ class LocalActuator(Actuator):
         start_timeout_s: float = 20.0,
         stop_timeout_s: float = 10.0,
         http_timeout_s: float = 10.0,
+        token: str | None = None,
     ) -> None:
         if slots < 1:
             raise ValueError(f"slots must be >= 1, got {slots!r}")
@@ -107,6 +108,8 @@ class LocalActuator(Actuator):
         self.start_timeout_s = start_timeout_s
         self.stop_timeout_s = stop_timeout_s
         self.http_timeout_s = http_timeout_s
+        # The gateway's registration token, sent as a Bearer credential (None: none).
+        self._auth = {"Authorization": f"Bearer {token}"} if token else {}
         self._servers: list[_LocalServer] = []  # oldest first (by n)
         self._next_n = 1
         self._lock = asyncio.Lock()
@@ -312,7 +315,7 @@ class LocalActuator(Actuator):
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None:
             self._session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=self.http_timeout_s)
+                timeout=aiohttp.ClientTimeout(total=self.http_timeout_s), headers=self._auth
             )
         return self._session
 

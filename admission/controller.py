@@ -12,6 +12,9 @@ Rules (`Rule`):
 - ``largest-fanout-first`` (beyond the paper): above the threshold reject queries whose fanout
   is at least a cut; the cut starts at the largest fanout seen recently and moves down one
   distinct fanout per ``ladder_step``. Class-blind, as its name says.
+- ``throttle`` (beyond the paper): admit each new query with probability p, where p follows
+  an integral controller that holds the windowed miss ratio at R_cth^U; see
+  `admission.throttle`. Class-blind, like reject-all, but never all-or-nothing.
 - ``cost-ladder`` (client-side-scheduling §3.1, overload control): a severity score climbs
   progressive rungs: defer → reject the costliest queries → reject classes, least protected
   first; the most protected class is never rejected nor deferred. See `CostLadder`.
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import random
 from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -63,6 +67,7 @@ class Rule(StrEnum):
     LOWEST_CLASS_FIRST = "lowest-class-first"
     LARGEST_FANOUT_FIRST = "largest-fanout-first"
     COST_LADDER = "cost-ladder"
+    THROTTLE = "throttle"
 
 
 class Action(StrEnum):
@@ -223,6 +228,10 @@ class AdmissionController:
         ladder: CostLadder | None = None,
         memory_queries: int = 1000,
         history: int = 100,
+        throttle_interval_s: float = 0.05,
+        throttle_gain: float = 0.5,
+        throttle_min_fraction: float = 0.02,
+        seed: int | None = None,
     ) -> None:
         self.rule = _parse_rule(rule)
         if not (0 < threshold <= 1):
@@ -259,6 +268,15 @@ class AdmissionController:
         self._fanouts = _RecentValues(memory_queries)
         self._costs = _RecentValues(memory_queries)
         self._history: deque[dict] = deque(maxlen=history)
+        from admission.throttle import AdmitThrottle  # throttle imports this module's errors
+
+        self.throttle = AdmitThrottle(
+            threshold,
+            interval_s=throttle_interval_s,
+            gain=throttle_gain,
+            min_fraction=throttle_min_fraction,
+        )
+        self._rng = random.Random(seed)
 
     def decide(self, q: QueryInfo, p: Pressure, now: float) -> Decision:
         """Admit, reject or defer one new query, and count the decision."""
@@ -269,6 +287,8 @@ class AdmissionController:
             decision = Decision(Action.ADMIT, "admission_off")
         elif self.rule is Rule.COST_LADDER:
             decision = self._cost_ladder(q, p)
+        elif self.rule is Rule.THROTTLE:
+            decision = self._throttle(p, now)
         else:
             decision = self._miss_ratio_rule(q, p, now)
         self._count(q, decision, now)
@@ -296,6 +316,7 @@ class AdmissionController:
                 "class_step": self.ladder.class_step,
                 "costliest_fraction": self.ladder.costliest_fraction,
             },
+            "admit_fraction": self.throttle.p if self.rule is Rule.THROTTLE else None,
             "overloaded": self.overloaded,
             "overloaded_since": self.overloaded_since,
             "classes": dict(sorted(self.class_priority.items(), key=lambda kv: (kv[1], kv[0]))),
@@ -333,6 +354,17 @@ class AdmissionController:
         if q.fanout >= self._fanouts.nth_largest_distinct(depth):
             return Decision(Action.REJECT, "largest_fanout_first", severity)
         return Decision(Action.ADMIT, "fanout_below_cut", severity)
+
+    def _throttle(self, p: Pressure, now: float) -> Decision:
+        severity = p.miss_ratio / self.threshold
+        fraction = self.throttle.update(p.miss_ratio, now)
+        overloaded = fraction < 1.0
+        if overloaded != self.overloaded:
+            self.overloaded = overloaded
+            self.overloaded_since = now if overloaded else None
+        if self.throttle.admit(self._rng.random()):
+            return Decision(Action.ADMIT, "admitted" if overloaded else "below_threshold", severity)
+        return Decision(Action.REJECT, "throttled", severity)
 
     def _cost_ladder(self, q: QueryInfo, p: Pressure) -> Decision:
         ladder = self.ladder

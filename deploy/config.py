@@ -8,7 +8,11 @@ Layout of the file (every key optional; see README for each field)::
     [taskserver]         -> taskserver.config.TaskServerConfig, with [taskserver.service]
 
 The environment is read here and nowhere else: ``TAILGATE_CONFIG`` names the
-file when no path is given.
+file when no path is given. The registration token (the gateway's, and the one
+task servers and edge agents send) comes, first found first, from
+``TAILGATE_AGENT_TOKEN``, from the file ``TAILGATE_AGENT_TOKEN_FILE`` names, from
+the file a table's ``token_file`` key names (relative to the config file), or
+from a table's ``token`` key.
 """
 
 from __future__ import annotations
@@ -23,10 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gateway.config import GatewayConfig
+from gateway.config import GatewayConfig, check_token
 from taskserver.config import TaskServerConfig
 
 ENV_CONFIG = "TAILGATE_CONFIG"
+ENV_TOKEN = "TAILGATE_AGENT_TOKEN"
+ENV_TOKEN_FILE = "TAILGATE_AGENT_TOKEN_FILE"
+REDACTED = "<redacted>"
 
 
 class ConfigError(Exception):
@@ -47,6 +54,15 @@ class TailgateConfig:
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
     taskserver: TaskServerConfig = field(default_factory=TaskServerConfig)
     source: str = ""
+
+    def redacted(self) -> TailgateConfig:
+        """A copy fit for printing: every token replaced by a placeholder."""
+        gw, ts = self.gateway, self.taskserver
+        return dataclasses.replace(
+            self,
+            gateway=gw if gw.token is None else dataclasses.replace(gw, token=REDACTED),
+            taskserver=ts if ts.token is None else dataclasses.replace(ts, token=REDACTED),
+        )
 
 
 def _describe(value: Any) -> str:
@@ -134,9 +150,12 @@ def build(cls: type, data: Mapping[str, Any], prefix: str = "") -> Any:
         raise ConfigError(prefix, str(exc)) from exc
 
 
-def parse_config(data: Mapping[str, Any], source: str = "") -> TailgateConfig:
-    """Build the config from an already-parsed TOML document."""
+def parse_config(
+    data: Mapping[str, Any], source: str = "", env: Mapping[str, str] | None = None
+) -> TailgateConfig:
+    """Build the config from an already-parsed TOML document (and the token from ``env``)."""
     known = {"gateway", "classes", "pools", "taskserver", "admission", "autoscaling"}
+    base = Path(source).parent if source else None
     try:
         for key in data:
             if key not in known:
@@ -144,6 +163,12 @@ def parse_config(data: Mapping[str, Any], source: str = "") -> TailgateConfig:
         gw = dict(data.get("gateway", {}) or {})
         if not isinstance(data.get("gateway", {}), Mapping):
             raise ConfigError("gateway", "expected a table")
+        ts = data.get("taskserver", {})
+        if not isinstance(ts, Mapping):
+            raise ConfigError("taskserver", f"expected a table, got {_describe(ts)}")
+        ts = dict(ts)
+        _token_from_file(gw, "gateway", base)
+        _token_from_file(ts, "taskserver", base)
         for section in ("classes", "pools", "admission", "autoscaling"):
             if section in data:
                 if section in gw:
@@ -152,10 +177,66 @@ def parse_config(data: Mapping[str, Any], source: str = "") -> TailgateConfig:
                     )
                 gw[section] = data[section]
         gateway = _build_top(GatewayConfig, gw, "gateway")
-        taskserver = _build_top(TaskServerConfig, data.get("taskserver", {}), "taskserver")
+        taskserver = _build_top(TaskServerConfig, ts, "taskserver")
+        if taskserver.token is not None:
+            try:
+                check_token(taskserver.token)
+            except ValueError as exc:
+                raise ConfigError("taskserver.token", str(exc).removeprefix("token: ")) from None
     except ConfigError as exc:
         raise ConfigError(exc.key, exc.message, source) from None
+    token = _token_from_env(env or {})
+    if token is not None:
+        gateway = dataclasses.replace(gateway, token=token)
+        taskserver = dataclasses.replace(taskserver, token=token)
     return TailgateConfig(gateway=gateway, taskserver=taskserver, source=source)
+
+
+def _read_token(path: Path, key: str) -> str:
+    """The token in a file (surrounding whitespace dropped), checked; ConfigError names key."""
+    try:
+        token = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise ConfigError(key, f"cannot read token file {str(path)!r}: {reason}") from None
+    if not token:
+        raise ConfigError(key, f"token file {str(path)!r} is empty")
+    try:
+        return check_token(token)
+    except ValueError as exc:
+        raise ConfigError(
+            key, f"token in {str(path)!r} {str(exc).removeprefix('token: ')}"
+        ) from None
+
+
+def _token_from_file(table: dict[str, Any], name: str, base: Path | None) -> None:
+    """Replace a table's ``token_file`` key by the ``token`` the file holds."""
+    if "token_file" not in table:
+        return
+    key = f"{name}.token_file"
+    value = table.pop("token_file")
+    if "token" in table:
+        raise ConfigError(key, "give token or token_file, not both")
+    if not isinstance(value, str) or not value:
+        raise ConfigError(key, f"expected a file path, got {_describe(value)}")
+    path = Path(value).expanduser()
+    if base is not None and not path.is_absolute():
+        path = base / path
+    table["token"] = _read_token(path, key)
+
+
+def _token_from_env(env: Mapping[str, str]) -> str | None:
+    """$TAILGATE_AGENT_TOKEN, else the token in the file $TAILGATE_AGENT_TOKEN_FILE names."""
+    token = env.get(ENV_TOKEN)
+    if token:
+        try:
+            return check_token(token.strip())
+        except ValueError as exc:
+            raise ConfigError(ENV_TOKEN, str(exc).removeprefix("token: ")) from None
+    path = env.get(ENV_TOKEN_FILE)
+    if path:
+        return _read_token(Path(path).expanduser(), ENV_TOKEN_FILE)
+    return None
 
 
 def _build_top(cls: type, table: Any, name: str) -> Any:
@@ -179,7 +260,7 @@ def load_config(
     if path is None:
         path = env.get(ENV_CONFIG) or None
     if path is None:
-        return TailgateConfig()
+        return parse_config({}, env=env)
     p = Path(path)
     try:
         raw = p.read_bytes()
@@ -189,4 +270,4 @@ def load_config(
         data = tomllib.loads(raw.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError("", f"not valid TOML: {exc}", str(p)) from exc
-    return parse_config(data, str(p))
+    return parse_config(data, str(p), env)

@@ -1,4 +1,10 @@
-"""``tailgate up``: the gateway in this process, task servers as child processes."""
+"""``tailgate up``: the gateway in this process, task servers as child processes.
+
+Every child is described by a ``ChildSpec`` built in one function per kind:
+``taskserver_spec`` for pool "default" and ``edge_agent_spec`` for pool "edge".
+The children register themselves with the gateway, sending the registration
+token ``up`` passes them in their environment.
+"""
 
 from __future__ import annotations
 
@@ -7,18 +13,27 @@ import contextlib
 import dataclasses
 import json
 import logging
+import math
 import os
+import secrets
 import signal
 import sys
-from dataclasses import dataclass
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from deploy.config import TailgateConfig
+from deploy.config import ENV_TOKEN, TailgateConfig
+from taskserver.config import TaskServerConfig
 
 log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 30.0
+EDGE_CLUSTERS = ("server-room", "wet-lab", "faculty", "gta")
+"""Clusters of the emulated Sensing-as-a-Service testbed, assigned to edge servers in blocks."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,16 +74,34 @@ class UpOptions:
             raise ValueError(f"--slots: must be >= 1, got {self.slots}")
 
 
-def _taskserver_argv(
-    cfg: TailgateConfig, opts: UpOptions, server_id: str, pool: str, url: str, index: int
-) -> list[str]:
-    argv = [
+@dataclass(frozen=True, slots=True)
+class ChildSpec:
+    """One process ``up`` starts: the server it registers as, and how to run it."""
+
+    server_id: str
+    pool: str
+    argv: tuple[str, ...]
+    cluster: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Set on top of the launcher's own environment."""
+
+
+def _cli(config_path: str) -> list[str]:
+    return [
         sys.executable,
         "-m",
         "deploy.cli",
-        *(["--config", cfg.source] if cfg.source else []),
+        *(["--config", config_path] if config_path else []),
         "--log-level",
         "WARNING",
+    ]
+
+
+def _taskserver_argv(
+    config_path: str, opts: UpOptions, server_id: str, pool: str, url: str, metrics_index: int
+) -> list[str]:
+    argv = [
+        *_cli(config_path),
         "taskserver",
         "--exit-with-parent",
         "--id",
@@ -87,18 +120,79 @@ def _taskserver_argv(
     if opts.slots:
         argv += ["--slots", str(opts.slots)]
     if opts.metrics:
-        argv += ["--metrics-port", str(opts.port + 100 + index)]
-    if pool == "edge":
-        # Emulated sensing agents: the edge pool's prior, so the gateway's CDFs start right.
-        edge = cfg.gateway.pool_named("edge")
-        spec = edge.prior if edge is not None else None
-        if spec is not None:
-            argv += ["--service-kind", spec.kind]
-            for name in ("mean_ms", "median_ms", "sigma", "value_ms", "path", "scale"):
-                value = getattr(spec, name, None)
-                if value is not None:
-                    argv += [f"--service-{name.replace('_', '-')}", str(value)]
+        argv += ["--metrics-port", str(opts.port + 100 + metrics_index)]
     return argv
+
+
+def taskserver_spec(
+    cfg: TailgateConfig, opts: UpOptions, index: int, url: str, token: str
+) -> ChildSpec:
+    """Task server ts-(index+1) of pool "default"."""
+    sid = f"ts-{index + 1}"
+    argv = _taskserver_argv(cfg.source, opts, sid, "default", url, index)
+    return ChildSpec(sid, "default", tuple(argv), env={ENV_TOKEN: token})
+
+
+def edge_cluster(index: int, count: int) -> str:
+    """Cluster of the index-th of count edge servers: equal blocks, server-room first."""
+    block = max(1, math.ceil(count / len(EDGE_CLUSTERS)))
+    return EDGE_CLUSTERS[min(index // block, len(EDGE_CLUSTERS) - 1)]
+
+
+def edge_agent_spec(
+    cfg: TailgateConfig,
+    opts: UpOptions,
+    index: int,
+    url: str,
+    token: str,
+    workdir: Path,
+    metrics_index: int,
+) -> ChildSpec:
+    """Edge server edge-(index+1) of pool "edge", labelled with its cluster.
+
+    For now an emulated sensing agent: a task server drawing service times from the edge
+    pool's prior, its cluster given in a [taskserver] table written to workdir.
+    """
+    sid = f"edge-{index + 1}"
+    cluster = edge_cluster(index, opts.edge_agents)
+    config_path = workdir / f"edge-{cluster}.toml"
+    if not config_path.exists():
+        ts = dataclasses.replace(cfg.taskserver, cluster=cluster, token=None)
+        config_path.write_text(taskserver_toml(ts), encoding="utf-8")
+    argv = _taskserver_argv(str(config_path), opts, sid, "edge", url, metrics_index)
+    edge = cfg.gateway.pool_named("edge")
+    if edge is not None:
+        # The edge pool's prior, so that the gateway's CDFs start right.
+        spec = edge.prior
+        argv += ["--service-kind", spec.kind]
+        for name in ("mean_ms", "median_ms", "sigma", "value_ms", "path", "scale"):
+            value = getattr(spec, name, None)
+            if value is not None:
+                argv += [f"--service-{name.replace('_', '-')}", str(value)]
+    return ChildSpec(sid, "edge", tuple(argv), cluster=cluster, env={ENV_TOKEN: token})
+
+
+def taskserver_toml(ts: TaskServerConfig) -> str:
+    """A [taskserver] table that loads back to ts (None values left out)."""
+
+    def table(name: str, values: dict[str, Any]) -> list[str]:
+        lines, subtables = [f"[{name}]"], []
+        for key, value in values.items():
+            if value is None:
+                continue
+            if isinstance(value, dict):
+                subtables += ["", *table(f"{name}.{key}", value)]
+            elif isinstance(value, bool):
+                lines.append(f"{key} = {str(value).lower()}")
+            elif isinstance(value, int | float):
+                lines.append(f"{key} = {value!r}")
+            elif isinstance(value, str):
+                lines.append(f"{key} = {json.dumps(value)}")  # a valid TOML basic string
+            else:
+                raise TypeError(f"taskserver.{key}: cannot write {value!r} as TOML")
+        return lines + subtables
+
+    return "\n".join(table("taskserver", dataclasses.asdict(ts))) + "\n"
 
 
 async def _stop(procs: list[asyncio.subprocess.Process]) -> None:
@@ -136,10 +230,15 @@ async def up(cfg: TailgateConfig, opts: UpOptions) -> None:
         gw_cfg = dataclasses.replace(gw_cfg, autoscaling=scaling)
     if opts.edge_agents and gw_cfg.pool_named("edge") is None:
         raise SystemExit("tailgate up: --edge-agents needs a pool named 'edge' in the config")
+    # Registration is never open here: a configured token, else one for this run only.
+    token = gw_cfg.token or secrets.token_urlsafe(32)
+    gw_cfg = dataclasses.replace(gw_cfg, token=token)
     service = GatewayService(gw_cfg, registry=CollectorRegistry())
     runner = web.AppRunner(create_app(service), access_log=None)
     await runner.setup()
     procs: list[asyncio.subprocess.Process] = []
+    # Edge servers' config tables live here while they run (none without edge servers).
+    workdir = tempfile.TemporaryDirectory(prefix="tailgate-up-") if opts.edge_agents else None
     try:
         try:
             await web.TCPSite(runner, opts.host, opts.port).start()
@@ -150,32 +249,38 @@ async def up(cfg: TailgateConfig, opts: UpOptions) -> None:
             )
             raise SystemExit(2) from exc
         url = f"http://{opts.host}:{opts.port}"
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
         # With --autoscale the autoscaler's local actuator owns pool "default".
-        specs = [] if opts.autoscale else [(f"ts-{i + 1}", "default") for i in range(opts.servers)]
-        specs += [(f"edge-{i + 1}", "edge") for i in range(opts.edge_agents)]
-        for i, (sid, pool) in enumerate(specs):
-            argv = _taskserver_argv(cfg, opts, sid, pool, url, i)
+        n_default = 0 if opts.autoscale else opts.servers
+        specs = [taskserver_spec(cfg, opts, i, url, token) for i in range(n_default)]
+        specs += [
+            edge_agent_spec(cfg, opts, i, url, token, Path(workdir.name), n_default + i)
+            for i in range(opts.edge_agents)
+            if workdir is not None
+        ]
+        for spec in specs:
+            env = {**os.environ, "PYTHONUNBUFFERED": "1", **spec.env}
             # Their stdout only announces the bound address, which we learn on registration.
             procs.append(
                 await asyncio.create_subprocess_exec(
-                    *argv, env=env, stdout=asyncio.subprocess.DEVNULL
+                    *spec.argv, env=env, stdout=asyncio.subprocess.DEVNULL
                 )
             )
         if opts.autoscale:
             extra = ["--policy", opts.policy] if opts.policy else []
             await service.enable_autoscaler(url, extra, initial=opts.servers, slots=opts.slots or 1)
         await _wait_ready(service, len(specs) + (opts.servers if opts.autoscale else 0), procs)
-        _banner(url, opts)
+        _banner(url, opts, token_given=cfg.gateway.token is not None)
         while True:
             await asyncio.sleep(1.0)
-            for p, (sid, _) in zip(procs, specs, strict=True):
+            for p, spec in zip(procs, specs, strict=True):
                 if p.returncode is not None:
-                    log.error("task server %s exited with code %s", sid, p.returncode)
+                    log.error("server %s exited with code %s", spec.server_id, p.returncode)
                     raise SystemExit(1)
     finally:
         await _stop(procs)
         await runner.cleanup()
+        if workdir is not None:
+            workdir.cleanup()
         print("tailgate: stopped", file=sys.stderr)
 
 
@@ -199,17 +304,39 @@ async def _wait_ready(
     )
 
 
-def _banner(url: str, opts: UpOptions) -> None:
+def _banner(url: str, opts: UpOptions, *, token_given: bool) -> None:
     pool, n = ("default", opts.servers) if opts.servers else ("edge", opts.edge_agents)
-    body = json.dumps({"class": "A", "targets": {"pool": pool, "fanout": min(4, n)}, "task": {}})
-    example = f"curl -s -X POST {url}/v1/queries -H 'Content-Type: application/json' -d '{body}'"
+
+    def curl(targets: dict[str, Any], cls: str = "A") -> str:
+        body = json.dumps({"class": cls, "targets": targets, "task": {}})
+        return f"curl -s -X POST {url}/v1/queries -H 'Content-Type: application/json' -d '{body}'"
+
+    clusters = sorted(
+        {edge_cluster(i, opts.edge_agents) for i in range(opts.edge_agents)},
+        key=EDGE_CLUSTERS.index,
+    )
+    token = (
+        "the configured one"
+        if token_given
+        else f"generated for this run (set {ENV_TOKEN} to choose it)"
+    )
     lines = [
         f"tailgate: gateway on {url} with {opts.servers} task server(s)"
-        + (f" and {opts.edge_agents} edge agent(s)" if opts.edge_agents else ""),
+        + (
+            f" and {opts.edge_agents} edge agent(s) in clusters {', '.join(clusters)}"
+            if opts.edge_agents
+            else ""
+        ),
         f"  servers:  curl -s {url}/v1/servers",
-        f"  query:    {example}",
+        f"  query:    {curl({'pool': pool, 'fanout': min(4, n)})}",
+        *(
+            [f"  per cluster: {curl({'pool': 'edge', 'per_cluster': 1}, 'C')}"]
+            if opts.edge_agents
+            else []
+        ),
         f"  metrics:  {url}/metrics    API: {url}/openapi.json",
         *([f"  autoscaler: {url}/v1/autoscaler"] if opts.autoscale else []),
+        f"  registration token: {token}",
         "  Ctrl-C stops everything.",
     ]
     print("\n".join(lines), flush=True)

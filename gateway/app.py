@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 from collections.abc import Callable
@@ -12,7 +13,7 @@ from aiohttp import web
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from gateway.errors import ApiError, BadRequest, NotFound, PayloadTooLarge
+from gateway.errors import ApiError, BadRequest, NotFound, PayloadTooLarge, Unauthorized
 from gateway.openapi import openapi_document
 from gateway.requests import parse_query, parse_register
 from gateway.service import GatewayService
@@ -53,6 +54,35 @@ async def _json_body(request: web.Request) -> Any:
         raise BadRequest(f"malformed JSON: {exc}", field="") from exc
 
 
+def _authorize(request: web.Request) -> None:
+    """Registration changes need the configured token as a Bearer credential (RFC 6750)."""
+    token = request.app[SERVICE_KEY].config.token
+    if token is None:
+        return
+    header = request.headers.get("Authorization")
+    scheme, _, credential = (header or "").strip().partition(" ")
+    credential = credential.strip()
+    if header is None:
+        problem, challenge = (
+            "registration needs a token: send 'Authorization: Bearer <token>'",
+            'Bearer realm="tailgate"',
+        )
+    elif scheme.lower() != "bearer" or not credential:
+        problem, challenge = (
+            "malformed credential: expected 'Bearer <token>'",
+            'Bearer realm="tailgate", error="invalid_request"',
+        )
+    elif not hmac.compare_digest(credential.encode("utf-8", "replace"), token.encode()):
+        problem, challenge = (
+            "wrong registration token",
+            'Bearer realm="tailgate", error="invalid_token"',
+        )
+    else:
+        return
+    log.warning("refused %s %s from %s: %s", request.method, request.path, request.remote, problem)
+    raise Unauthorized(problem, field="Authorization", headers={"WWW-Authenticate": challenge})
+
+
 async def post_query(request: web.Request) -> web.Response:
     """POST /v1/queries: fan a query out and answer with every task's outcome."""
     service = request.app[SERVICE_KEY]
@@ -73,6 +103,7 @@ async def get_servers(request: web.Request) -> web.Response:
 async def post_server(request: web.Request) -> web.Response:
     """POST /v1/servers: register (or refresh) a task server."""
     service = request.app[SERVICE_KEY]
+    _authorize(request)
     req = parse_register(await _json_body(request), service.config)
     created, view = await service.register(req)
     return web.json_response(view, status=201 if created else 200)
@@ -81,6 +112,7 @@ async def post_server(request: web.Request) -> web.Response:
 async def delete_server(request: web.Request) -> web.Response:
     """DELETE /v1/servers/{id}."""
     service = request.app[SERVICE_KEY]
+    _authorize(request)
     server_id = request.match_info["id"]
     if server_id not in service.links:
         raise NotFound(f"no server {server_id!r}", field="id")

@@ -159,9 +159,14 @@ class AutoscalerLoop:
 
 
 def make_actuator(
-    config: AutoscalingConfig, gateway_url: str, extra_args: list[str], slots: int = 1
+    config: AutoscalingConfig,
+    gateway_url: str,
+    extra_args: list[str],
+    slots: int = 1,
+    *,
+    token: str | None = None,
 ) -> Actuator:
-    """The actuator the config names (the local one dials this gateway's URL)."""
+    """The actuator the config names; the local one registers its servers here, with the token."""
     from admission.actuators import KubernetesActuator, LocalActuator
 
     if config.actuator == "local":
@@ -171,6 +176,7 @@ def make_actuator(
             id_prefix="ts",
             extra_args=extra_args,
             slots=slots,
+            token=token,
         )
     return KubernetesActuator(
         name=config.k8s_name, namespace=config.k8s_namespace, kind=config.k8s_kind

@@ -8,6 +8,7 @@ field's name so the loader can prefix the full key path.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
 from taskserver.service_time import ServiceSpec
@@ -45,6 +46,8 @@ class ServerEntry:
     """host:port of its Thrift listener."""
     slots: int = 1
     """Concurrent tasks it serves (used by central queueing)."""
+    cluster: str | None = None
+    """Cluster label (targets.cluster, targets.per_cluster, cdf = "cluster")."""
 
     def __post_init__(self) -> None:
         if not self.id:
@@ -52,6 +55,8 @@ class ServerEntry:
         parse_address(self.address)
         if self.slots < 1:
             raise ValueError(f"slots: must be >= 1, got {self.slots}")
+        if self.cluster is not None:
+            check_cluster_name(self.cluster)
 
 
 def _default_prior() -> ServiceSpec:
@@ -70,13 +75,17 @@ class PoolConfig:
     policy: str = "tf-edfq"
     """Queue discipline of the gateway-side queues in central mode."""
     cdf: str = "per-server"
-    """`per-server`: one online CDF per server; `shared`: one CDF for the pool."""
+    """`per-server`: one online CDF per server; `shared`: one CDF for the pool; `cluster`: one
+    CDF per cluster label (a server without a label keeps its own)."""
     prior: ServiceSpec = field(default_factory=_default_prior)
     """Offline profile of post-queuing times each CDF starts from."""
     prior_overhead_ms: float = 0.3
     """Added to the prior's service times for dispatch and return on the wire."""
     servers: tuple[ServerEntry, ...] = ()
     """Servers of this pool known at start."""
+    clusters: tuple[str, ...] = ()
+    """Clusters known before any of their servers registers: a query naming one with no live
+    server gets 503 (try again) rather than 400 (unknown cluster)."""
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -87,10 +96,17 @@ class PoolConfig:
             raise ValueError(
                 f"policy: must be one of tf-edfq, t-edfq, priq, fifo, got {self.policy!r}"
             )
-        if self.cdf not in ("per-server", "shared"):
-            raise ValueError(f"cdf: must be 'per-server' or 'shared', got {self.cdf!r}")
+        if self.cdf not in ("per-server", "shared", "cluster"):
+            raise ValueError(f"cdf: must be 'per-server', 'shared' or 'cluster', got {self.cdf!r}")
         if self.prior_overhead_ms < 0:
             raise ValueError(f"prior_overhead_ms: must be >= 0, got {self.prior_overhead_ms}")
+        for i, name in enumerate(self.clusters):
+            try:
+                check_cluster_name(name)
+            except ValueError as exc:
+                raise ValueError(f"clusters[{i}]{str(exc).removeprefix('cluster')}") from None
+        if len(set(self.clusters)) != len(self.clusters):
+            raise ValueError(f"clusters: a cluster is named twice in {list(self.clusters)}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,9 +127,15 @@ class AdmissionConfig:
     """A count window with no new task for this long is cleared: while queries are rejected
     no task feeds it, and stale misses would otherwise reject forever."""
     rule: str = "reject-all"
-    """reject-all, lowest-class-first, largest-fanout-first or cost-ladder."""
+    """reject-all, lowest-class-first, largest-fanout-first, cost-ladder or throttle."""
     max_defer_ms: float = 500.0
     """Longest a deferred query waits in the gateway before it is admitted or rejected."""
+    throttle_interval_s: float = 0.05
+    """throttle: how often the admitted fraction is stepped."""
+    throttle_gain: float = 0.5
+    """throttle: integral gain on log(threshold / miss ratio) per step."""
+    throttle_min_fraction: float = 0.02
+    """throttle: the admitted fraction never drops below this (keeps the window fed)."""
 
     def __post_init__(self) -> None:
         if self.policy not in ("miss-ratio", "none"):
@@ -128,13 +150,27 @@ class AdmissionConfig:
             raise ValueError(
                 "window_tasks: give window_tasks > 0, or window_tasks = 0 and window_s > 0"
             )
-        rules = ("reject-all", "lowest-class-first", "largest-fanout-first", "cost-ladder")
+        rules = (
+            "reject-all",
+            "lowest-class-first",
+            "largest-fanout-first",
+            "cost-ladder",
+            "throttle",
+        )
         if self.rule not in rules:
             raise ValueError(f"rule: must be one of {', '.join(rules)}, got {self.rule!r}")
         if self.max_defer_ms < 0:
             raise ValueError(f"max_defer_ms: must be >= 0, got {self.max_defer_ms}")
         if self.window_max_age_s <= 0:
             raise ValueError(f"window_max_age_s: must be > 0, got {self.window_max_age_s}")
+        if not self.throttle_interval_s > 0:
+            raise ValueError(f"throttle_interval_s: must be > 0, got {self.throttle_interval_s}")
+        if not self.throttle_gain > 0:
+            raise ValueError(f"throttle_gain: must be > 0, got {self.throttle_gain}")
+        if not 0 < self.throttle_min_fraction <= 1:
+            raise ValueError(
+                f"throttle_min_fraction: must be in (0, 1], got {self.throttle_min_fraction}"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,6 +256,8 @@ def _default_pools() -> tuple[PoolConfig, ...]:
             queueing="central",
             prior=ServiceSpec(kind="lognormal", median_ms=20.0, sigma=0.4),
             prior_overhead_ms=1.0,
+            # The agents of one Pi cluster are alike, so they share a CDF (TailGuard §III.C.2).
+            cdf="cluster",
         ),
     )
 
@@ -260,10 +298,15 @@ class GatewayConfig:
     """Admission control ([admission] in tailgate.toml)."""
     autoscaling: AutoscalingConfig = field(default_factory=AutoscalingConfig)
     """Autoscaling ([autoscaling] in tailgate.toml)."""
+    token: str | None = field(default=None, repr=False)
+    """Registration token: POST and DELETE on /v1/servers need `Authorization: Bearer <token>`
+    (None: registration is open). Give it as $TAILGATE_AGENT_TOKEN or in a token file."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port: must be 0..65535, got {self.port}")
+        if self.token is not None:
+            check_token(self.token)
         if not self.classes:
             raise ValueError("classes: at least one class is needed")
         names = [c.name for c in self.classes]
@@ -319,6 +362,29 @@ class GatewayConfig:
             if p.name == name:
                 return p
         return None
+
+
+CLUSTER_NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
+"""A cluster label: 1 to 64 letters, digits, dots, underscores or hyphens."""
+MAX_TOKEN_LEN = 4096
+_TOKEN_RE = re.compile(rf"[\x21-\x7e]{{1,{MAX_TOKEN_LEN}}}")
+
+
+def check_cluster_name(name: object) -> str:
+    """The name if it is a valid cluster label, else ValueError naming the value."""
+    if not isinstance(name, str) or not CLUSTER_NAME_RE.fullmatch(name):
+        raise ValueError(f"cluster: must be 1..64 characters of A-Z a-z 0-9 . _ -, got {name!r}")
+    return name
+
+
+def check_token(token: object) -> str:
+    """The token if it can travel as a Bearer credential, else ValueError (not quoting it)."""
+    if not isinstance(token, str) or not _TOKEN_RE.fullmatch(token):
+        # The value is a secret: the message describes it without quoting it.
+        raise ValueError(
+            f"token: must be 1..{MAX_TOKEN_LEN} printable ASCII characters without spaces"
+        )
+    return token
 
 
 def parse_address(address: str) -> tuple[str, int]:

@@ -4,7 +4,7 @@
 
     ApiError                  {"error": {"code", "message", "field"}}
     ├── BadRequest            400: the body or a parameter is invalid (names the field)
-    ├── Unauthorized          401
+    ├── Unauthorized          401: registration without the right token (WWW-Authenticate)
     ├── NotFound              404
     ├── PayloadTooLarge       413
     ├── SloUnreachableError   422: the SLO is below the unloaded p-th latency

@@ -70,6 +70,7 @@ class ServerLink:
         port: int,
         *,
         pool: str,
+        cluster: str | None = None,
         slots: int = 1,
         central: bool = False,
         policy: str = "tf-edfq",
@@ -83,6 +84,7 @@ class ServerLink:
         self.host = host
         self.port = port
         self.pool = pool
+        self.cluster = cluster
         self.slots = slots
         self.central = central
         self.on_result = on_result
@@ -91,6 +93,8 @@ class ServerLink:
         self.heartbeat_s = heartbeat_s
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.state = "connecting"
+        self.registered_s = clock()
+        """When the server last registered or refreshed its registration (clock time)."""
         self.draining = False
         """Being deregistered: finishes what it has, takes nothing new."""
         self.last_error = ""

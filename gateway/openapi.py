@@ -20,14 +20,24 @@ _ERROR = {
     },
 }
 
+_CLUSTER_NAME = {"type": "string", "pattern": "^[A-Za-z0-9._-]{1,64}$"}
+
 _TARGETS = {
     "type": "object",
-    "description": "Either explicit servers, or a pool with a fanout (k random servers) or all.",
+    "description": (
+        "Either explicit servers, or a pool with one of fanout (k random servers), all, or "
+        "per_cluster (k random servers from each cluster). cluster narrows fanout or all to "
+        "one cluster; exclude_cluster leaves one out. An unknown cluster is 400; a cluster "
+        "with no live server is 503 (Retry-After)."
+    ),
     "properties": {
         "servers": {"type": "array", "items": {"type": "string"}, "minItems": 1},
         "pool": {"type": "string"},
         "fanout": {"type": "integer", "minimum": 1},
         "all": {"type": "boolean"},
+        "per_cluster": {"type": "integer", "minimum": 1},
+        "cluster": _CLUSTER_NAME,
+        "exclude_cluster": _CLUSTER_NAME,
     },
     "additionalProperties": False,
 }
@@ -105,11 +115,16 @@ _SERVER = {
     "properties": {
         "id": {"type": "string"},
         "pool": {"type": "string"},
+        "cluster": {"type": ["string", "null"]},
         "address": {"type": "string"},
         "slots": {"type": "integer"},
-        "state": {"type": "string", "enum": ["connecting", "up", "down", "closed"]},
+        "state": {"type": "string", "enum": ["connecting", "up", "down", "closed", "draining"]},
         "queueing": {"type": "string", "enum": ["server", "central"]},
         "outstanding": {"type": "integer"},
+        "registered_ago_s": {
+            "type": "number",
+            "description": "seconds since the server last registered or refreshed it",
+        },
         "post_queue_ms": {"type": "object", "additionalProperties": {"type": "number"}},
     },
 }
@@ -122,9 +137,13 @@ _REGISTER = {
         "pool": {"type": "string"},
         "address": {"type": "string", "description": "host:port of the Thrift listener"},
         "slots": {"type": "integer", "minimum": 1},
+        "cluster": {**_CLUSTER_NAME, "description": "cluster label (edge agents: the Pi cluster)"},
     },
     "additionalProperties": False,
 }
+
+_REGISTRATION_SECURITY = [{}, {"registrationToken": []}]
+"""Open when the gateway has no token; otherwise the Bearer token is required."""
 
 
 def _json(schema: str, description: str) -> dict[str, Any]:
@@ -188,6 +207,7 @@ def openapi_document() -> dict[str, Any]:
                 },
                 "post": {
                     "summary": "Register or refresh a task server",
+                    "security": _REGISTRATION_SECURITY,
                     "requestBody": {
                         "required": True,
                         "content": {
@@ -200,12 +220,14 @@ def openapi_document() -> dict[str, Any]:
                         "200": _json("Server", "already registered"),
                         "201": _json("Server", "registered"),
                         "400": _err("invalid body"),
+                        "401": _err("registration token missing or wrong (WWW-Authenticate)"),
                     },
                 },
             },
             "/v1/servers/{id}": {
                 "delete": {
                     "summary": "Deregister a task server",
+                    "security": _REGISTRATION_SECURITY,
                     "parameters": [
                         {
                             "name": "id",
@@ -224,6 +246,7 @@ def openapi_document() -> dict[str, Any]:
                     "responses": {
                         "200": {"description": "deleted"},
                         "400": _err("bad drain_s"),
+                        "401": _err("registration token missing or wrong (WWW-Authenticate)"),
                         "404": _err("no such server"),
                     },
                 }
@@ -263,6 +286,13 @@ def openapi_document() -> dict[str, Any]:
             },
         },
         "components": {
+            "securitySchemes": {
+                "registrationToken": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "the gateway's registration token (TAILGATE_AGENT_TOKEN)",
+                }
+            },
             "schemas": {
                 "Error": _ERROR,
                 "Targets": _TARGETS,
@@ -271,6 +301,6 @@ def openapi_document() -> dict[str, Any]:
                 "QueryAnswer": _ANSWER,
                 "Server": _SERVER,
                 "Register": _REGISTER,
-            }
+            },
         },
     }

@@ -26,7 +26,9 @@ def admission_window(a: AdmissionConfig) -> MissRatioWindow:
     return MissRatioWindow(window_tasks=None, window_s=a.window_s)
 
 
-def admission_controller(a: AdmissionConfig, classes: list[str]) -> AdmissionController:
+def admission_controller(
+    a: AdmissionConfig, classes: list[str], seed: int | None = None
+) -> AdmissionController:
     """The controller an [admission] table asks for; classes most protected first."""
     return AdmissionController(
         rule=a.rule if a.policy != "none" else "none",
@@ -34,6 +36,10 @@ def admission_controller(a: AdmissionConfig, classes: list[str]) -> AdmissionCon
         release_threshold=a.release_threshold,
         classes=classes,
         max_defer_s=a.max_defer_ms / 1000.0,
+        throttle_interval_s=a.throttle_interval_s,
+        throttle_gain=a.throttle_gain,
+        throttle_min_fraction=a.throttle_min_fraction,
+        seed=seed,
     )
 
 

@@ -11,11 +11,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.config import GatewayConfig, parse_address
+from gateway.config import GatewayConfig, check_cluster_name, parse_address
 from gateway.errors import BadRequest
 
 _QUERY_FIELDS = {"class", "slo", "targets", "task", "priority"}
-_TARGET_FIELDS = {"servers", "pool", "fanout", "all"}
+_TARGET_FIELDS = {"servers", "pool", "fanout", "all", "cluster", "per_cluster", "exclude_cluster"}
+_REGISTER_FIELDS = {"id", "pool", "address", "slots", "cluster"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +27,12 @@ class Targets:
     pool: str | None = None
     fanout: int | None = None
     all: bool = False
+    cluster: str | None = None
+    """Pick only among the pool's servers of this cluster."""
+    per_cluster: int | None = None
+    """Pick this many servers from each cluster of the pool."""
+    exclude_cluster: str | None = None
+    """Pick only among the pool's servers outside this cluster."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +55,7 @@ class RegisterRequest:
     pool: str
     address: str
     slots: int
+    cluster: str | None = None
 
 
 def _is_number(v: Any) -> bool:
@@ -137,7 +145,7 @@ def _parse_targets(t: Any, config: GatewayConfig) -> Targets:
         raise BadRequest(f"must be an object, got {_type_name(t)}", field="targets")
     _unknown(t, _TARGET_FIELDS, "targets.")
     if "servers" in t:
-        if any(k in t for k in ("pool", "fanout", "all")):
+        if any(k in t for k in _TARGET_FIELDS - {"servers"}):
             raise BadRequest("give either 'servers' or a 'pool', not both", field="targets.servers")
         servers = t["servers"]
         if not isinstance(servers, list) or not servers:
@@ -169,25 +177,71 @@ def _parse_targets(t: Any, config: GatewayConfig) -> Targets:
     if not isinstance(all_, bool):
         raise BadRequest(f"must be a boolean, got {all_!r}", field="targets.all")
     fanout = t.get("fanout")
+    per_cluster = t.get("per_cluster")
+    cluster = _cluster_field(t, "cluster")
+    exclude = _cluster_field(t, "exclude_cluster")
+    if cluster is not None and exclude is not None:
+        raise BadRequest(
+            "give either 'cluster' or 'exclude_cluster', not both", field="targets.exclude_cluster"
+        )
     if all_ and fanout is not None:
         raise BadRequest("give either 'fanout' or 'all', not both", field="targets.fanout")
-    if not all_:
+    if per_cluster is not None:
+        if all_ or fanout is not None:
+            raise BadRequest(
+                "give one of 'fanout', 'all' or 'per_cluster'", field="targets.per_cluster"
+            )
+        if cluster is not None:
+            raise BadRequest(
+                "'per_cluster' picks from every cluster; to pick from one, give 'cluster' "
+                "with 'fanout'",
+                field="targets.per_cluster",
+            )
+        if not _is_int(per_cluster) or per_cluster < 1:
+            raise BadRequest(
+                f"must be an integer >= 1, got {per_cluster!r}", field="targets.per_cluster"
+            )
+        if per_cluster > config.max_fanout:
+            raise BadRequest(
+                f"per_cluster {per_cluster} exceeds max_fanout {config.max_fanout}",
+                field="targets.per_cluster",
+            )
+    elif not all_:
         if fanout is None:
-            raise BadRequest("required unless 'all' is true", field="targets.fanout")
+            raise BadRequest(
+                "required unless 'all' is true or 'per_cluster' is given", field="targets.fanout"
+            )
         if not _is_int(fanout) or fanout < 1:
             raise BadRequest(f"must be an integer >= 1, got {fanout!r}", field="targets.fanout")
         if fanout > config.max_fanout:
             raise BadRequest(
                 f"fanout {fanout} exceeds max_fanout {config.max_fanout}", field="targets.fanout"
             )
-    return Targets(pool=pool, fanout=fanout, all=all_)
+    return Targets(
+        pool=pool,
+        fanout=fanout,
+        all=all_,
+        cluster=cluster,
+        per_cluster=per_cluster,
+        exclude_cluster=exclude,
+    )
+
+
+def _cluster_field(t: dict[str, Any], key: str) -> str | None:
+    value = t.get(key)
+    if value is None:
+        return None
+    try:
+        return check_cluster_name(value)
+    except ValueError as exc:
+        raise BadRequest(str(exc).removeprefix("cluster: "), field=f"targets.{key}") from exc
 
 
 def parse_register(body: Any, config: GatewayConfig) -> RegisterRequest:
     """Validate a server registration body."""
     if not isinstance(body, dict):
         raise BadRequest(f"body must be a JSON object, got {_type_name(body)}", field="")
-    _unknown(body, {"id", "pool", "address", "slots"}, "")
+    _unknown(body, _REGISTER_FIELDS, "")
     sid = body.get("id")
     if not isinstance(sid, str) or not sid or len(sid) > 200:
         raise BadRequest(f"must be a non-empty string, got {sid!r}", field="id")
@@ -205,4 +259,10 @@ def parse_register(body: Any, config: GatewayConfig) -> RegisterRequest:
     slots = body.get("slots", 1)
     if not _is_int(slots) or not 1 <= slots <= 100_000:
         raise BadRequest(f"must be an integer in 1..100000, got {slots!r}", field="slots")
-    return RegisterRequest(sid, pool, address, slots)
+    cluster = body.get("cluster")
+    if cluster is not None:
+        try:
+            check_cluster_name(cluster)
+        except ValueError as exc:
+            raise BadRequest(str(exc).removeprefix("cluster: "), field="cluster") from exc
+    return RegisterRequest(sid, pool, address, slots, cluster)

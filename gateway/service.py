@@ -24,12 +24,13 @@ from gateway.autoscaling import AutoscalerLoop, make_actuator
 from gateway.cdf import CdfBook
 from gateway.config import GatewayConfig, PoolConfig, parse_address
 from gateway.deadlines import DeadlineEstimator, DeadlinePlan, SloUnreachable
-from gateway.errors import BadRequest, NotFound, SloUnreachableError, Unavailable
+from gateway.errors import NotFound, SloUnreachableError, Unavailable
 from gateway.links import LinkDown, PendingTask, ServerLink
 from gateway.metrics import GatewayMetrics, fanout_bucket
 from gateway.overload import OverloadGuard
 from gateway.queries import CANCELLED, LOST, OK, TIMEOUT, WIRE_STATUS, QueryRun, TaskOutcome
 from gateway.requests import QueryRequest, RegisterRequest
+from gateway.targets import TargetPicker
 from taskserver.service_time import make_distribution
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,15 @@ class QueryAnswer:
     def body(self) -> dict[str, Any]:
         """The JSON answer: the summary plus every task's outcome."""
         return {**self.summary, "tasks": [o.to_json() for o in self.outcomes]}
+
+
+def _cdf_group(pool: PoolConfig, cluster: str | None) -> str | None:
+    """The CDF row a server of the pool shares (None: a row of its own)."""
+    if pool.cdf == "shared":
+        return pool.name
+    if pool.cdf == "cluster" and cluster is not None:
+        return f"{pool.name}/{cluster}"
+    return None
 
 
 class GatewayService:
@@ -83,7 +93,8 @@ class GatewayService:
             lambda c: self.guard.window.ratio(self.clock(), c), [c.name for c in config.classes]
         )
         self.links: dict[str, ServerLink] = {}
-        self.pool_members: dict[str, list[str]] = {p.name: [] for p in config.pools}
+        self.targets = TargetPicker(config, self.links, self.rng)
+        self.pool_members = self.targets.pool_members
         self._pools = {p.name: p for p in config.pools}
         self._priors: dict[str, Any] = {}
         self._ids = itertools.count(1)
@@ -94,10 +105,15 @@ class GatewayService:
     # -- servers ---------------------------------------------------------
     async def start(self) -> None:
         """Register the servers named in the configuration."""
+        if self.config.token is None:
+            log.warning(
+                "server registration is unauthenticated: anyone who can reach this gateway "
+                "can register or remove servers (configure a registration token)"
+            )
         for pool in self.config.pools:
             for entry in pool.servers:
                 await self.register(
-                    RegisterRequest(entry.id, pool.name, entry.address, entry.slots)
+                    RegisterRequest(entry.id, pool.name, entry.address, entry.slots, entry.cluster)
                 )
 
     async def enable_autoscaler(
@@ -114,7 +130,7 @@ class GatewayService:
         cfg = self.config.autoscaling
         if cfg.policy == "swayam":
             extra_args = [*extra_args, "--idle-exit-s", f"{cfg.idle_s:g}"]
-        actuator = make_actuator(cfg, gateway_url, extra_args, slots)
+        actuator = make_actuator(cfg, gateway_url, extra_args, slots, token=self.config.token)
         loop = AutoscalerLoop(self, cfg, actuator, self.clock)
         self.autoscaler = loop
         start = cfg.min_replicas if initial is None else initial
@@ -143,11 +159,13 @@ class GatewayService:
         """Add or refresh a server; returns (created, its view)."""
         existing = self.links.get(req.id)
         if existing is not None:
-            if (existing.address, existing.pool, existing.slots) == (
+            if (existing.address, existing.pool, existing.slots, existing.cluster) == (
                 req.address,
                 req.pool,
                 req.slots,
+                req.cluster,
             ):
+                existing.registered_s = self.clock()  # a refresh is the server's heartbeat
                 return False, self.server_view(existing)
             await self.deregister(req.id)
         host, port = parse_address(req.address)
@@ -157,6 +175,7 @@ class GatewayService:
             host,
             port,
             pool=req.pool,
+            cluster=req.cluster,
             slots=req.slots,
             central=pool.queueing == "central",
             policy=pool.policy,
@@ -166,14 +185,19 @@ class GatewayService:
             heartbeat_s=self.config.heartbeat_s,
             heartbeat_timeout_s=self.config.heartbeat_timeout_s,
         )
-        group = pool.name if pool.cdf == "shared" else None
-        self.book.add_server(req.id, self._prior(pool), group=group)
+        self.book.add_server(req.id, self._prior(pool), group=_cdf_group(pool, req.cluster))
         self.links[req.id] = link
-        self.pool_members[req.pool].append(req.id)
+        self.targets.join(link)
         link.start()
         # A fresh registration is usually followed by queries: give the link a moment.
         await link.wait_up(min(0.5, self.config.heartbeat_timeout_s))
-        log.info("server %s registered in pool %s at %s", req.id, req.pool, req.address)
+        log.info(
+            "server %s registered in pool %s%s at %s",
+            req.id,
+            req.pool,
+            f" (cluster {req.cluster})" if req.cluster else "",
+            req.address,
+        )
         return True, self.server_view(link)
 
     async def deregister(self, server_id: str, drain_s: float = 0.0) -> dict[str, Any]:
@@ -186,9 +210,7 @@ class GatewayService:
         if link is None:
             raise NotFound(f"no server {server_id!r}", field="id")
         link.draining = True
-        members = self.pool_members[link.pool]
-        if server_id in members:
-            members.remove(server_id)
+        self.targets.leave(link)
         if drain_s > 0:
             await link.wait_idle(drain_s)
         failed = len(link.outstanding)
@@ -204,6 +226,7 @@ class GatewayService:
         view: dict[str, Any] = {
             "id": link.server_id,
             "pool": link.pool,
+            "cluster": link.cluster,
             "address": link.address,
             "slots": link.slots,
             "state": "draining" if link.draining else link.state,
@@ -213,6 +236,7 @@ class GatewayService:
             "results": link.results,
             "rtt_ms": None if link.rtt_ms is None else round(link.rtt_ms, 4),
             "cdf_samples": self.book.samples_seen(link.server_id) if cdf is not None else 0,
+            "registered_ago_s": round(max(self.clock() - link.registered_s, 0.0), 3),
         }
         if link.queue is not None:
             view["queued"] = len(link.queue)
@@ -227,35 +251,7 @@ class GatewayService:
     # -- the query path ----------------------------------------------------
     def resolve(self, req: QueryRequest) -> list[ServerLink]:
         """The k_f target servers of a query (TailGuard §III.B: the handler picks them)."""
-        t = req.targets
-        if t.servers is not None:
-            links = []
-            for i, sid in enumerate(t.servers):
-                link = self.links.get(sid)
-                if link is None:
-                    raise BadRequest(f"unknown server {sid!r}", field=f"targets.servers[{i}]")
-                links.append(link)
-            return links
-        assert t.pool is not None
-        members = self.pool_members.get(t.pool, [])
-        if t.all:
-            if not members:
-                raise Unavailable(
-                    f"pool {t.pool!r} has no servers",
-                    code="no_servers",
-                    headers={"Retry-After": str(self.config.retry_after_s)},
-                )
-            return [self.links[s] for s in members]
-        assert t.fanout is not None
-        if t.fanout > len(members):
-            raise BadRequest(
-                f"fanout {t.fanout} exceeds the {len(members)} servers of pool {t.pool!r}",
-                field="targets.fanout",
-            )
-        # Prefer live servers for a random pick; fall back to any so the 503 below names them.
-        live = [s for s in members if self.links[s].is_up]
-        chosen = self.rng.sample(live if len(live) >= t.fanout else members, t.fanout)
-        return [self.links[s] for s in chosen]
+        return self.targets.pick(req.targets)
 
     def plan(self, req: QueryRequest, links: list[ServerLink]) -> DeadlinePlan:
         """x_p^u over exactly these servers and the task budget (TailGuard eq. (1)-(4))."""

@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,26 +75,39 @@ def _read_announcement(p: subprocess.Popen[bytes], timeout_s: float) -> dict[str
     raise RuntimeError(f"process did not announce itself (exit {p.returncode}): {buf!r}")
 
 
-def start_cli(args: Sequence[str], *, config: Path | None = None) -> Proc:
-    """Start `python -m deploy.cli [--config F] ARGS` and wait for its announcement."""
+def start_cli(
+    args: Sequence[str], *, config: Path | None = None, env: Mapping[str, str] | None = None
+) -> Proc:
+    """Start `python -m deploy.cli [--config F] ARGS` and wait for its announcement.
+
+    The child gets this environment without the Tailgate variables, plus `env`.
+    """
     argv = [sys.executable, "-m", "deploy.cli", "--log-level", "WARNING"]
     if config is not None:
         argv += ["--config", str(config)]
     argv += list(args)
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env.pop("TAILGATE_CONFIG", None)
-    popen = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=subprocess.PIPE, env=env)
+    child_env = dict(os.environ, PYTHONUNBUFFERED="1")
+    for name in ("TAILGATE_CONFIG", "TAILGATE_AGENT_TOKEN", "TAILGATE_AGENT_TOKEN_FILE"):
+        child_env.pop(name, None)
+    child_env.update(env or {})
+    popen = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=subprocess.PIPE, env=child_env)
     return Proc(popen, _read_announcement(popen, START_TIMEOUT_S))
 
 
-def start_taskserver(server_id: str, *args: str, config: Path | None = None) -> Proc:
+def start_taskserver(
+    server_id: str, *args: str, config: Path | None = None, env: Mapping[str, str] | None = None
+) -> Proc:
     """A task server on a free loopback port."""
-    return start_cli(["taskserver", "--id", server_id, "--port", "0", *args], config=config)
+    return start_cli(
+        ["taskserver", "--id", server_id, "--port", "0", *args], config=config, env=env
+    )
 
 
-def start_gateway(config: Path | None = None, *args: str) -> Proc:
+def start_gateway(
+    config: Path | None = None, *args: str, env: Mapping[str, str] | None = None
+) -> Proc:
     """A gateway on a free loopback port."""
-    return start_cli(["gateway", "--port", "0", *args], config=config)
+    return start_cli(["gateway", "--port", "0", *args], config=config, env=env)
 
 
 def free_port() -> int:

@@ -9,6 +9,7 @@ from thriftpy2.rpc import make_client
 from thriftpy2.transport import TFramedTransportFactory
 
 from gateway.app import ROUTES
+from gateway.requests import _REGISTER_FIELDS, _TARGET_FIELDS
 from taskserver.wire import thrift
 from tests.integration.conftest import Cluster, query, register
 
@@ -39,6 +40,13 @@ async def test_classes_health_metrics_and_openapi(
         doc = await r.json()
     documented = {(m.upper(), p) for p, ops in doc["paths"].items() for m in ops}
     assert documented == {(m, p) for m, p, _ in ROUTES}
+    # The schemas list exactly the fields the validators accept.
+    schemas = doc["components"]["schemas"]
+    assert set(schemas["Targets"]["properties"]) == _TARGET_FIELDS
+    assert set(schemas["Register"]["properties"]) == _REGISTER_FIELDS
+    for method, path in (("post", "/v1/servers"), ("delete", "/v1/servers/{id}")):
+        assert "401" in doc["paths"][path][method]["responses"]
+        assert {"registrationToken": []} in doc["paths"][path][method]["security"]
 
 
 async def test_register_is_idempotent(cluster: Cluster, http: aiohttp.ClientSession) -> None:

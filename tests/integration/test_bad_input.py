@@ -78,6 +78,34 @@ CASES = [
     ),
     ("missing targets", {"class": "A"}, 400, "targets", "required"),
     (
+        "per_cluster with fanout",
+        {"class": "A", "targets": {"pool": "default", "fanout": 1, "per_cluster": 1}},
+        400,
+        "targets.per_cluster",
+        "one of 'fanout', 'all' or 'per_cluster'",
+    ),
+    (
+        "bad cluster name",
+        {"class": "A", "targets": {"pool": "default", "fanout": 1, "cluster": "lab 2"}},
+        400,
+        "targets.cluster",
+        "'lab 2'",
+    ),
+    (
+        "unknown cluster",
+        {"class": "A", "targets": {"pool": "default", "all": True, "cluster": "gta"}},
+        400,
+        "targets.cluster",
+        "unknown cluster 'gta' in pool 'default' (known: none)",
+    ),
+    (
+        "per_cluster over a pool without clusters",
+        {"class": "A", "targets": {"pool": "default", "per_cluster": 1}},
+        503,
+        None,
+        "has no clusters",
+    ),
+    (
         "class and slo",
         {
             "class": "A",
@@ -149,6 +177,12 @@ async def test_registration_errors_and_delete(gw, http: aiohttp.ClientSession) -
     ) as r:
         assert r.status == 400
         assert (await r.json())["error"]["field"] == "pool"
+    async with http.post(
+        gw.url + "/v1/servers", json={"id": "x", "address": "127.0.0.1:1", "cluster": "a/b"}
+    ) as r:
+        assert r.status == 400
+        err = (await r.json())["error"]
+        assert err["field"] == "cluster" and "'a/b'" in err["message"]
     async with http.delete(gw.url + "/v1/servers/nope") as r:
         assert r.status == 404
     async with http.delete(gw.url + "/v1/servers/ts-2") as r:

@@ -13,18 +13,19 @@ import urllib.request
 
 import pytest
 
+from deploy.launcher import EDGE_CLUSTERS, edge_cluster
 from tests.conftest import REPO_ROOT
 from tests.integration.harness import child_pids, free_port
 
 pytestmark = pytest.mark.integration
 
 
-def _post(url: str, body: dict) -> tuple[int, dict]:
+def _post(url: str, body: dict, headers: dict | None = None) -> tuple[int, dict]:
     req = urllib.request.Request(
         url,
         data=json.dumps(body).encode(),
         method="POST",
-        headers={"Content-Type": "application/json"},
+        headers={"Content-Type": "application/json", **(headers or {})},
     )
     try:
         with urllib.request.urlopen(req, timeout=30) as r:
@@ -36,7 +37,8 @@ def _post(url: str, body: dict) -> tuple[int, dict]:
 def test_up_serves_both_pools_and_ctrl_c_stops_everything() -> None:
     port = free_port()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env.pop("TAILGATE_CONFIG", None)
+    for name in ("TAILGATE_CONFIG", "TAILGATE_AGENT_TOKEN", "TAILGATE_AGENT_TOKEN_FILE"):
+        env.pop(name, None)
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -73,8 +75,23 @@ def test_up_serves_both_pools_and_ctrl_c_stops_everything() -> None:
         text = "".join(banner)
         assert f"http://127.0.0.1:{port}" in text, text
         assert "curl" in text
+        assert "edge agent(s) in clusters server-room, wet-lab" in text
+        assert "registration token: generated for this run" in text
         children = child_pids(proc.pid)
         assert len(children) == 5
+        base = f"http://127.0.0.1:{port}"
+        with urllib.request.urlopen(base + "/v1/servers", timeout=30) as r:
+            servers = {s["id"]: s for s in json.loads(r.read())["servers"]}
+        assert {sid: s["cluster"] for sid, s in servers.items()} == {
+            "ts-1": None,
+            "ts-2": None,
+            "ts-3": None,
+            "edge-1": "server-room",
+            "edge-2": "wet-lab",
+        }
+        # up never leaves registration open: its servers got the token it generated.
+        status, ans = _post(base + "/v1/servers", {"id": "x", "address": "127.0.0.1:1"})
+        assert status == 401 and ans["error"]["field"] == "Authorization"
         url = f"http://127.0.0.1:{port}/v1/queries"
         status, ans = _post(
             url,
@@ -87,6 +104,9 @@ def test_up_serves_both_pools_and_ctrl_c_stops_everything() -> None:
         assert sorted(t["server"] for t in ans["tasks"]) == ["edge-1", "edge-2"]
         # Emulated sensing agents draw from the edge pool's profile (lognormal, median 20 ms).
         assert all(t["service_ms"] > 1.0 for t in ans["tasks"])
+        status, ans = _post(url, {"class": "C", "targets": {"pool": "edge", "per_cluster": 1}})
+        assert status == 200, ans
+        assert sorted(t["server"] for t in ans["tasks"]) == ["edge-1", "edge-2"]
         # The bundled client: an answer on stdout, exit 0; a bad query names the field, exit 1.
         cli = [sys.executable, "-m", "deploy.cli", "query", "--url", f"http://127.0.0.1:{port}"]
         ok = subprocess.run(
@@ -118,6 +138,20 @@ def test_up_serves_both_pools_and_ctrl_c_stops_everything() -> None:
         for stream in (proc.stdout, proc.stderr):
             if stream is not None:
                 stream.close()
+
+
+def test_edge_servers_fill_the_four_clusters_in_blocks() -> None:
+    got = [edge_cluster(i, 32) for i in range(32)]
+    assert got == [c for c in EDGE_CLUSTERS for _ in range(8)]
+    assert EDGE_CLUSTERS[0] == "server-room"
+    assert [edge_cluster(i, 6) for i in range(6)] == [
+        "server-room",
+        "server-room",
+        "wet-lab",
+        "wet-lab",
+        "faculty",
+        "faculty",
+    ]
 
 
 def test_killed_up_takes_its_task_servers_with_it() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -138,3 +139,135 @@ def test_cli_reports_bad_config_and_exits_nonzero(tmp_path: Path) -> None:
         timeout=60,
     )
     assert proc.returncode == 2 and "cannot read config file" in proc.stderr
+
+
+def test_default_edge_pool_shares_a_cdf_per_cluster() -> None:
+    edge = load_config(None, env={}).gateway.pool_named("edge")
+    assert edge.cdf == "cluster" and edge.queueing == "central"
+
+
+def test_clusters_in_pools_and_taskserver_load_and_are_checked() -> None:
+    cfg = parse_config(
+        {
+            "pools": [
+                {
+                    "name": "edge",
+                    "cdf": "cluster",
+                    "clusters": ["server-room", "gta"],
+                    "servers": [{"id": "pi-1", "address": "10.0.0.9:9101", "cluster": "gta"}],
+                }
+            ],
+            "taskserver": {"cluster": "wet-lab"},
+        }
+    )
+    (edge,) = cfg.gateway.pools
+    assert edge.clusters == ("server-room", "gta") and edge.servers[0].cluster == "gta"
+    assert cfg.taskserver.cluster == "wet-lab"
+    for doc, key, words in [
+        ({"pools": [{"name": "p", "cdf": "per-cluster"}]}, "pools[0].cdf", "'cluster'"),
+        (
+            {"pools": [{"name": "p", "clusters": ["ok", "not ok"]}]},
+            "pools[0].clusters[1]",
+            "'not ok'",
+        ),
+        ({"pools": [{"name": "p", "clusters": ["a", "a"]}]}, "pools[0].clusters", "twice"),
+        (
+            {"pools": [{"name": "p", "servers": [{"id": "x", "address": "h:1", "cluster": ""}]}]},
+            "pools[0].servers[0].cluster",
+            "1..64",
+        ),
+    ]:
+        with pytest.raises(ConfigError) as err:
+            parse_config(doc)
+        assert err.value.key == key, str(err.value)
+        assert words in err.value.message
+
+
+def test_registration_token_sources_and_precedence(tmp_path: Path) -> None:
+    (tmp_path / "gw.token").write_text("from-gateway-file\n")
+    (tmp_path / "env.token").write_text("  from-env-file  \n")
+    f = tmp_path / "tailgate.toml"
+    # token_file is relative to the config file, not to the working directory.
+    f.write_text('[gateway]\ntoken_file = "gw.token"\n[taskserver]\ntoken = "inline-ts"\n')
+    cfg = load_config(f, env={})
+    assert cfg.gateway.token == "from-gateway-file"
+    assert cfg.taskserver.token == "inline-ts"
+    cfg = load_config(f, env={"TAILGATE_AGENT_TOKEN_FILE": str(tmp_path / "env.token")})
+    assert cfg.gateway.token == cfg.taskserver.token == "from-env-file"
+    env = {"TAILGATE_AGENT_TOKEN": "from-env", "TAILGATE_AGENT_TOKEN_FILE": "/nonexistent"}
+    cfg = load_config(f, env=env)
+    assert cfg.gateway.token == cfg.taskserver.token == "from-env"
+    assert load_config(None, env={"TAILGATE_AGENT_TOKEN": "t0k"}).gateway.token == "t0k"
+    assert load_config(None, env={}).gateway.token is None
+
+
+def test_tokens_stay_out_of_repr_and_printed_config() -> None:
+    cfg = load_config(None, env={"TAILGATE_AGENT_TOKEN": "s3cret-value"})
+    assert "s3cret-value" not in repr(cfg)
+    printable = cfg.redacted()
+    assert printable.gateway.token == printable.taskserver.token == "<redacted>"
+    assert "s3cret-value" not in str(dataclasses.asdict(printable))
+    assert load_config(None, env={}).redacted().gateway.token is None
+
+
+@pytest.mark.parametrize(
+    ("files", "doc", "env", "key", "words"),
+    [
+        ({}, {"gateway": {"token_file": "missing.token"}}, {}, "gateway.token_file", "cannot read"),
+        ({"t": "\n"}, {"gateway": {"token_file": "t"}}, {}, "gateway.token_file", "is empty"),
+        (
+            {"t": "two words"},
+            {"taskserver": {"token_file": "t"}},
+            {},
+            "taskserver.token_file",
+            "printable ASCII",
+        ),
+        (
+            {"t": "x"},
+            {"gateway": {"token_file": "t", "token": "y"}},
+            {},
+            "gateway.token_file",
+            "not both",
+        ),
+        ({}, {"gateway": {"token_file": 3}}, {}, "gateway.token_file", "file path"),
+        ({}, {"gateway": {"token": "has space"}}, {}, "gateway.token", "without spaces"),
+        ({}, {"taskserver": {"token": ""}}, {}, "taskserver.token", "1..4096"),
+        ({}, {}, {"TAILGATE_AGENT_TOKEN": "bad token"}, "TAILGATE_AGENT_TOKEN", "without spaces"),
+        (
+            {},
+            {},
+            {"TAILGATE_AGENT_TOKEN_FILE": "nowhere"},
+            "TAILGATE_AGENT_TOKEN_FILE",
+            "cannot read",
+        ),
+    ],
+)
+def test_bad_tokens_name_their_source_without_quoting_them(
+    tmp_path: Path, files: dict, doc: dict, env: dict, key: str, words: str
+) -> None:
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    if "TAILGATE_AGENT_TOKEN_FILE" in env:
+        env = {"TAILGATE_AGENT_TOKEN_FILE": str(tmp_path / env["TAILGATE_AGENT_TOKEN_FILE"])}
+    with pytest.raises(ConfigError) as err:
+        parse_config(doc, str(tmp_path / "t.toml"), env)
+    assert err.value.key == key, str(err.value)
+    assert words in err.value.message
+    for secret in ("two words", "has space", "bad token"):
+        assert secret not in str(err.value)
+
+
+def test_taskserver_table_written_for_edge_servers_loads_back() -> None:
+    import tomllib
+
+    from deploy.launcher import taskserver_toml
+    from taskserver.config import TaskServerConfig
+    from taskserver.service_time import ServiceSpec
+
+    ts = TaskServerConfig(
+        policy="priq",
+        seed=4,
+        cluster="server-room",
+        service=ServiceSpec(kind="lognormal", median_ms=20.0, sigma=0.4),
+    )
+    assert parse_config(tomllib.loads(taskserver_toml(ts))).taskserver == ts

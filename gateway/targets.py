@@ -1,0 +1,156 @@
+"""Pool and cluster membership, and the pick of a query's k_f target servers.
+
+A query names explicit servers, or a pool with ``fanout`` k (k random servers), ``all``
+or ``per_cluster`` k (k random servers from each cluster); ``cluster`` narrows a pool pick
+to one cluster and ``exclude_cluster`` leaves one out. Random picks prefer live servers.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+
+from gateway.config import GatewayConfig
+from gateway.errors import BadRequest, Unavailable
+from gateway.links import ServerLink
+from gateway.requests import Targets
+
+
+class TargetPicker:
+    """Which servers belong to which pool and cluster, and which ones a query gets."""
+
+    def __init__(
+        self, config: GatewayConfig, links: Mapping[str, ServerLink], rng: random.Random
+    ) -> None:
+        self.config = config
+        self.links = links
+        """Every registered server by id (the service's own dict, read live)."""
+        self.rng = rng
+        self.pool_members: dict[str, list[str]] = {p.name: [] for p in config.pools}
+        """Pool -> ids of the servers that take new queries, in registration order."""
+        self.cluster_members: dict[str, dict[str, list[str]]] = {
+            p.name: {c: [] for c in p.clusters} for p in config.pools
+        }
+        """Pool -> cluster -> member ids; a declared cluster stays known while it has none."""
+        self._declared = {p.name: frozenset(p.clusters) for p in config.pools}
+
+    # -- membership ---------------------------------------------------------
+    def join(self, link: ServerLink) -> None:
+        """Add a registered server to its pool and cluster."""
+        self.pool_members[link.pool].append(link.server_id)
+        if link.cluster is not None:
+            self.cluster_members[link.pool].setdefault(link.cluster, []).append(link.server_id)
+
+    def leave(self, link: ServerLink) -> None:
+        """Take a server out of its pool and cluster (no-op when already out).
+
+        An undeclared cluster left without members is forgotten.
+        """
+        members = self.pool_members[link.pool]
+        if link.server_id in members:
+            members.remove(link.server_id)
+        clusters = self.cluster_members[link.pool]
+        ids = clusters.get(link.cluster) if link.cluster is not None else None
+        if ids is not None and link.server_id in ids:
+            ids.remove(link.server_id)
+            if not ids and link.cluster not in self._declared[link.pool]:
+                del clusters[link.cluster]
+
+    # -- the pick -------------------------------------------------------------
+    def pick(self, t: Targets) -> list[ServerLink]:
+        """The k_f target servers (TailGuard §III.B: the query handler picks them)."""
+        if t.servers is not None:
+            links = []
+            for i, sid in enumerate(t.servers):
+                link = self.links.get(sid)
+                if link is None:
+                    raise BadRequest(f"unknown server {sid!r}", field=f"targets.servers[{i}]")
+                links.append(link)
+            return links
+        assert t.pool is not None
+        if t.per_cluster is not None:
+            return self._per_cluster(t.pool, t.per_cluster, t.exclude_cluster)
+        members = self.pool_members.get(t.pool, [])
+        scope = f"pool {t.pool!r}"
+        if t.cluster is not None:
+            members = self._cluster(t.pool, t.cluster, "targets.cluster")
+            self._check_live(t.pool, {t.cluster: members})
+            scope = f"cluster {t.cluster!r} of pool {t.pool!r}"
+        elif t.exclude_cluster is not None:
+            self._cluster(t.pool, t.exclude_cluster, "targets.exclude_cluster")
+            members = [s for s in members if self.links[s].cluster != t.exclude_cluster]
+            scope = f"pool {t.pool!r} outside cluster {t.exclude_cluster!r}"
+        if t.all:
+            if not members:
+                raise self._unavailable(f"{scope} has no servers", "no_servers")
+            return [self.links[s] for s in members]
+        assert t.fanout is not None
+        if t.fanout > len(members):
+            raise BadRequest(
+                f"fanout {t.fanout} exceeds the {len(members)} servers of {scope}",
+                field="targets.fanout",
+            )
+        return self._sample(members, t.fanout)
+
+    def _sample(self, members: list[str], k: int) -> list[ServerLink]:
+        """k random servers of members, live ones preferred."""
+        # Falls back to any when too few are live, so that the query's 503 names the down ones.
+        live = [s for s in members if self.links[s].is_up]
+        chosen = self.rng.sample(live if len(live) >= k else members, k)
+        return [self.links[s] for s in chosen]
+
+    def _cluster(self, pool: str, cluster: str, field: str) -> list[str]:
+        """Member ids of a known cluster of the pool; 400 naming the known ones otherwise."""
+        clusters = self.cluster_members[pool]
+        members = clusters.get(cluster)
+        if members is None:
+            known = ", ".join(sorted(clusters)) or "none"
+            raise BadRequest(
+                f"unknown cluster {cluster!r} in pool {pool!r} (known: {known})", field=field
+            )
+        return members
+
+    def _check_live(self, pool: str, clusters: Mapping[str, list[str]]) -> None:
+        """503 naming every cluster that has no live server."""
+        down = [c for c, ids in clusters.items() if not any(self.links[s].is_up for s in ids)]
+        if down:
+            names = ", ".join(repr(c) for c in down)
+            raise self._unavailable(
+                f"cluster {names} of pool {pool!r} has no live servers",
+                "cluster_unavailable",
+                clusters_down=down,
+            )
+
+    def _per_cluster(self, pool: str, k: int, exclude: str | None) -> list[ServerLink]:
+        """k random servers from each cluster of the pool (servers without a label: none)."""
+        if exclude is not None:
+            self._cluster(pool, exclude, "targets.exclude_cluster")
+        clusters = {c: ids for c, ids in sorted(self.cluster_members[pool].items()) if c != exclude}
+        if not clusters:
+            besides = f" besides {exclude!r}" if exclude is not None else ""
+            raise self._unavailable(f"pool {pool!r} has no clusters{besides}", "no_servers")
+        if k * len(clusters) > self.config.max_fanout:
+            raise BadRequest(
+                f"per_cluster {k} over {len(clusters)} clusters exceeds max_fanout "
+                f"{self.config.max_fanout}",
+                field="targets.per_cluster",
+            )
+        self._check_live(pool, clusters)
+        links: list[ServerLink] = []
+        for cluster, ids in clusters.items():
+            if k > len(ids):
+                raise BadRequest(
+                    f"per_cluster {k} exceeds the {len(ids)} servers of cluster {cluster!r} "
+                    f"in pool {pool!r}",
+                    field="targets.per_cluster",
+                )
+            links += self._sample(ids, k)
+        return links
+
+    def _unavailable(self, message: str, code: str, **extra: object) -> Unavailable:
+        return Unavailable(
+            message,
+            code=code,
+            headers={"Retry-After": str(self.config.retry_after_s)},
+            extra=extra or None,
+        )

@@ -1,0 +1,190 @@
+"""Target validation and the pick of a query's servers by pool and cluster (no sockets)."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from gateway.config import GatewayConfig, PoolConfig
+from gateway.errors import BadRequest, Unavailable
+from gateway.links import ServerLink
+from gateway.requests import parse_query, parse_register
+from gateway.targets import TargetPicker
+
+CONFIG = GatewayConfig(
+    pools=(
+        PoolConfig(name="default"),
+        PoolConfig(name="edge", queueing="central", cdf="cluster", clusters=("gta",)),
+    ),
+    max_fanout=16,
+)
+
+
+def make_picker(
+    servers: dict[str, str | None], *, pool: str = "edge", down: tuple[str, ...] = ()
+) -> TargetPicker:
+    """A picker over servers (id -> cluster) of one pool; all up except `down`."""
+    links: dict[str, ServerLink] = {}
+    picker = TargetPicker(CONFIG, links, random.Random(7))
+    for sid, cluster in servers.items():
+        link = ServerLink(
+            sid,
+            "127.0.0.1",
+            1,
+            pool=pool,
+            cluster=cluster,
+            on_result=lambda *a: None,
+            on_failure=lambda *a: None,
+        )
+        link.state = "down" if sid in down else "up"
+        links[sid] = link
+        picker.join(link)
+    return picker
+
+
+TESTBED = {f"{c}-{i}": c for c in ("server-room", "wet-lab", "faculty") for i in (1, 2, 3)}
+TESTBED["loose"] = None  # a server without a cluster label
+
+
+def pick(picker: TargetPicker, targets: dict[str, Any]) -> list[str]:
+    req = parse_query({"class": "A", "targets": targets}, CONFIG)
+    return [lk.server_id for lk in picker.pick(req.targets)]
+
+
+def clusters_of(ids: list[str]) -> Counter[str | None]:
+    return Counter(TESTBED[s] for s in ids)
+
+
+@pytest.mark.parametrize(
+    ("targets", "field", "words"),
+    [
+        ({"pool": "edge", "per_cluster": 1, "fanout": 2}, "targets.per_cluster", "one of"),
+        ({"pool": "edge", "per_cluster": 1, "all": True}, "targets.per_cluster", "one of"),
+        ({"pool": "edge", "per_cluster": 0}, "targets.per_cluster", ">= 1"),
+        ({"pool": "edge", "per_cluster": True}, "targets.per_cluster", ">= 1"),
+        ({"pool": "edge", "per_cluster": 17}, "targets.per_cluster", "max_fanout 16"),
+        (
+            {"pool": "edge", "per_cluster": 1, "cluster": "gta"},
+            "targets.per_cluster",
+            "give 'cluster' with 'fanout'",
+        ),
+        ({"pool": "edge", "fanout": 1, "cluster": ""}, "targets.cluster", "1..64"),
+        ({"pool": "edge", "fanout": 1, "cluster": "a b"}, "targets.cluster", "'a b'"),
+        ({"pool": "edge", "fanout": 1, "cluster": "x" * 65}, "targets.cluster", "1..64"),
+        ({"pool": "edge", "fanout": 1, "cluster": 3}, "targets.cluster", "got 3"),
+        ({"pool": "edge", "all": True, "exclude_cluster": "a/b"}, "targets.exclude_cluster", "a/b"),
+        (
+            {"pool": "edge", "fanout": 1, "cluster": "gta", "exclude_cluster": "faculty"},
+            "targets.exclude_cluster",
+            "not both",
+        ),
+        ({"servers": ["x"], "cluster": "gta"}, "targets.servers", "not both"),
+        ({"pool": "edge", "cluster": "gta"}, "targets.fanout", "'per_cluster'"),
+    ],
+)
+def test_bad_cluster_targets_name_the_field(targets: dict, field: str, words: str) -> None:
+    with pytest.raises(BadRequest) as err:
+        parse_query({"class": "A", "targets": targets}, CONFIG)
+    assert err.value.field == field
+    assert words in err.value.message, err.value.message
+
+
+def test_registration_takes_an_optional_valid_cluster() -> None:
+    body = {"id": "e1", "pool": "edge", "address": "127.0.0.1:9000"}
+    assert parse_register(body, CONFIG).cluster is None
+    assert parse_register({**body, "cluster": "wet-lab"}, CONFIG).cluster == "wet-lab"
+    for bad in ("", "wet lab", "x" * 65, 7):
+        with pytest.raises(BadRequest) as err:
+            parse_register({**body, "cluster": bad}, CONFIG)
+        assert err.value.field == "cluster"
+
+
+def test_per_cluster_takes_k_from_each_cluster_and_skips_unlabelled_servers() -> None:
+    picker = make_picker(TESTBED)
+    # "gta" is declared but has no server yet: per_cluster waits for it (503, not a short pick).
+    with pytest.raises(Unavailable) as err:
+        pick(picker, {"pool": "edge", "per_cluster": 1})
+    assert err.value.code == "cluster_unavailable"
+    assert err.value.extra == {"clusters_down": ["gta"]}
+    assert err.value.headers == {"Retry-After": "1"}
+    got = pick(picker, {"pool": "edge", "per_cluster": 2, "exclude_cluster": "gta"})
+    assert clusters_of(got) == {"faculty": 2, "server-room": 2, "wet-lab": 2}
+    assert len(set(got)) == 6
+    picker = make_picker({**TESTBED, "gta-1": "gta"})
+    got = pick(picker, {"pool": "edge", "per_cluster": 1, "exclude_cluster": "wet-lab"})
+    assert [picker.links[s].cluster for s in got] == ["faculty", "gta", "server-room"]
+
+
+def test_cluster_narrows_fanout_and_all_and_exclude_cluster_leaves_one_out() -> None:
+    picker = make_picker(TESTBED)
+    for _ in range(20):
+        got = pick(picker, {"pool": "edge", "fanout": 2, "cluster": "wet-lab"})
+        assert clusters_of(got) == {"wet-lab": 2}
+    got = pick(picker, {"pool": "edge", "all": True, "cluster": "faculty"})
+    assert got == ["faculty-1", "faculty-2", "faculty-3"]
+    got = pick(picker, {"pool": "edge", "all": True, "exclude_cluster": "server-room"})
+    assert clusters_of(got) == {"wet-lab": 3, "faculty": 3, None: 1}
+    for _ in range(20):
+        (one,) = pick(picker, {"pool": "edge", "fanout": 1, "exclude_cluster": "server-room"})
+        assert TESTBED[one] != "server-room"
+
+
+def test_unknown_cluster_is_400_listing_the_known_ones() -> None:
+    picker = make_picker(TESTBED)
+    for key in ("cluster", "exclude_cluster"):
+        with pytest.raises(BadRequest) as err:
+            pick(picker, {"pool": "edge", "all": True, key: "basement"})
+        assert err.value.field == f"targets.{key}"
+        assert "known: faculty, gta, server-room, wet-lab" in err.value.message
+
+
+def test_too_few_servers_in_a_cluster_is_400_naming_the_field() -> None:
+    picker = make_picker(TESTBED)
+    with pytest.raises(BadRequest) as err:
+        pick(picker, {"pool": "edge", "fanout": 4, "cluster": "wet-lab"})
+    assert err.value.field == "targets.fanout"
+    assert "exceeds the 3 servers of cluster 'wet-lab'" in err.value.message
+    with pytest.raises(BadRequest) as err:
+        pick(picker, {"pool": "edge", "per_cluster": 4, "exclude_cluster": "gta"})
+    assert err.value.field == "targets.per_cluster"
+    assert "exceeds the 3 servers of cluster 'faculty'" in err.value.message
+    with pytest.raises(BadRequest) as err:
+        pick(picker, {"pool": "edge", "per_cluster": 6, "exclude_cluster": "gta"})
+    assert "exceeds max_fanout 16" in err.value.message
+
+
+def test_random_picks_prefer_live_servers_and_a_dead_cluster_is_503() -> None:
+    down = ("wet-lab-1", "wet-lab-2", "faculty-1", "faculty-2", "faculty-3")
+    picker = make_picker(TESTBED, down=down)
+    for _ in range(20):
+        got = pick(picker, {"pool": "edge", "fanout": 1, "cluster": "wet-lab"})
+        assert got == ["wet-lab-3"]
+    with pytest.raises(Unavailable) as err:
+        pick(picker, {"pool": "edge", "fanout": 1, "cluster": "faculty"})
+    assert err.value.status == 503 and err.value.code == "cluster_unavailable"
+    assert "'faculty'" in err.value.message
+    with pytest.raises(Unavailable) as err:
+        pick(picker, {"pool": "edge", "per_cluster": 1, "exclude_cluster": "wet-lab"})
+    assert err.value.extra == {"clusters_down": ["faculty", "gta"]}
+
+
+def test_leaving_forgets_an_emptied_cluster_unless_declared() -> None:
+    picker = make_picker({"a-1": "a", "g-1": "gta"})
+    for sid in ("a-1", "g-1"):
+        picker.leave(picker.links[sid])
+        picker.leave(picker.links[sid])  # a second leave is a no-op
+    assert picker.cluster_members["edge"] == {"gta": []}
+    assert picker.pool_members["edge"] == []
+    with pytest.raises(Unavailable) as err:
+        pick(picker, {"pool": "edge", "per_cluster": 1})
+    assert err.value.extra == {"clusters_down": ["gta"]}
+
+
+def test_per_cluster_on_a_pool_without_clusters_is_503() -> None:
+    picker = make_picker({"ts-1": None, "ts-2": None}, pool="default")
+    with pytest.raises(Unavailable) as err:
+        pick(picker, {"pool": "default", "per_cluster": 1})
+    assert err.value.code == "no_servers" and "no clusters" in err.value.message
