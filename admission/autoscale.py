@@ -7,7 +7,11 @@ decision drives horizontal scaling (replicas) and vertical scaling (`vertical_st
 "replicas" is a scale level the shell maps to a service-time factor).
 
 Beyond the paper: cooldowns (the miss-ratio window still holds pre-scaling tasks right after
-a change), clamps to [min_replicas, max_replicas], and a bounded decision history.
+a change), clamps to [min_replicas, max_replicas], a bounded decision history, and flap
+damping: when a step down has to be undone by a step up before the down cooldown has passed
+again, the thresholds straddle the load (one step down pushes the ratio over R_sth^U), so the
+down cooldown doubles (`flap_backoff`, up to `max_down_cooldown_s`); a step down that holds
+for a whole cooldown resets it.
 
 Errors::
 
@@ -60,7 +64,11 @@ class ThresholdAutoscaler:
         up_cooldown_s: float = 10.0,
         down_cooldown_s: float = 30.0,
         history: int = 100,
+        flap_backoff: float = 2.0,
+        max_down_cooldown_s: float | None = None,
     ) -> None:
+        if not (flap_backoff >= 1 and math.isfinite(flap_backoff)):
+            raise PolicyValueError(f"autoscale flap_backoff: must be >= 1, got {flap_backoff!r}")
         if not (0 <= lower < upper <= 1):
             raise PolicyValueError(
                 f"autoscale thresholds: need 0 <= lower < upper <= 1, "
@@ -90,15 +98,37 @@ class ThresholdAutoscaler:
         self.step = step
         self.up_cooldown_s = up_cooldown_s
         self.down_cooldown_s = down_cooldown_s
+        self.flap_backoff = flap_backoff
+        self.max_down_cooldown_s = (
+            8 * down_cooldown_s if max_down_cooldown_s is None else max_down_cooldown_s
+        )
+        self.effective_down_cooldown_s = down_cooldown_s
+        """The down cooldown now in force (grows while the scaling flaps)."""
         self.last_up_s: float | None = None
         self.last_change_s: float | None = None
+        self.last_down_s: float | None = None
         self._history: deque[dict] = deque(maxlen=history)
 
     def decide(self, miss_ratio: float, replicas: int, now: float) -> ScaleDecision:
         """One scaling step for the current miss ratio and replica count."""
         decision = self._decide(miss_ratio, replicas, now)
         if decision.delta > 0:
+            flapped = (
+                self.last_down_s is not None
+                and now - self.last_down_s < self.effective_down_cooldown_s
+            )
+            if flapped:
+                self.effective_down_cooldown_s = min(
+                    self.max_down_cooldown_s, self.effective_down_cooldown_s * self.flap_backoff
+                )
             self.last_up_s = now
+        elif decision.delta < 0:
+            held = self.last_down_s is not None and (
+                self.last_up_s is None or self.last_up_s < self.last_down_s
+            )
+            if held:
+                self.effective_down_cooldown_s = self.down_cooldown_s
+            self.last_down_s = now
         if decision.delta != 0:
             self.last_change_s = now
         self._history.append(
@@ -123,6 +153,7 @@ class ThresholdAutoscaler:
             "step": self.step,
             "up_cooldown_s": self.up_cooldown_s,
             "down_cooldown_s": self.down_cooldown_s,
+            "effective_down_cooldown_s": self.effective_down_cooldown_s,
             "last_up_s": self.last_up_s,
             "last_change_s": self.last_change_s,
             "decisions": list(self._history),
@@ -146,7 +177,8 @@ class ThresholdAutoscaler:
             if replicas <= self.min_replicas:
                 return ScaleDecision(0, "at_min", replicas)
             # Down waits after any change, so a fresh step up is not undone at once.
-            if self.last_change_s is not None and now - self.last_change_s < self.down_cooldown_s:
+            cooldown = self.effective_down_cooldown_s
+            if self.last_change_s is not None and now - self.last_change_s < cooldown:
                 return ScaleDecision(0, "cooldown", replicas)
             delta = -min(self.step, replicas - self.min_replicas)
             return ScaleDecision(delta, "below_lower", replicas + delta)

@@ -44,6 +44,10 @@ from dataclasses import dataclass
 
 from admission.autoscale import ScaleDecision
 from admission.controller import PolicyValueError
+from admission.queueing_models import central_waiting_cdf
+
+DISPATCHES = ("retry", "central")
+"""Waiting-time models: Swayam's random dispatch with retries, or a central FIFO queue."""
 
 __all__ = [
     "BackendEstimate",
@@ -162,6 +166,27 @@ def _response_cdf(
     )
 
 
+def _central_response_cdf(
+    x: float,
+    n: int,
+    rate_per_s: float,
+    burst: float,
+    service_ms: Sequence[float],
+    send_ms: float,
+    reply_ms: float,
+) -> float:
+    """P(W + d1 + S + d2 <= x) for a central FIFO queue over n backends (queueing_models).
+
+    The gateway learns that a backend is free from its result, so a backend is held for
+    d1 + S + d2 per request: that is the holding time of the queueing model.
+    """
+    hold_ms = math.fsum(service_ms) / len(service_ms) + send_ms + reply_ms
+    rate_per_ms = rate_per_s * burst / 1000.0
+    return math.fsum(
+        central_waiting_cdf(x - send_ms - s - reply_ms, n, rate_per_ms, hold_ms) for s in service_ms
+    ) / len(service_ms)
+
+
 def response_percentile_ms(
     rate_per_s: float,
     service_quantiles_ms: Sequence[float],
@@ -211,8 +236,14 @@ def estimate_backends(
     send_ms: float = 0.5,
     reply_ms: float = 0.5,
     retry_delay_ms: float = 1.0,
+    dispatch: str = "retry",
 ) -> BackendEstimate:
-    """Smallest n whose modelled p-th percentile response time meets target_ms (Swayam §4.3)."""
+    """Smallest n whose modelled p-th percentile response time meets target_ms (Swayam §4.3).
+
+    `dispatch` picks the waiting-time model: "retry" (Swayam eq. 1) or "central" (M/M/n).
+    """
+    if dispatch not in DISPATCHES:
+        raise PolicyValueError(f"swayam dispatch: must be one of {DISPATCHES}, got {dispatch!r}")
     service = _check_service(service_quantiles_ms)
     _check_percentile(percentile)
     if not (target_ms > 0 and math.isfinite(target_ms)):
@@ -224,6 +255,9 @@ def estimate_backends(
     needed = percentile / 100
 
     def meets(n: int) -> bool:
+        if dispatch == "central":
+            cdf = _central_response_cdf(target_ms, n, rate_per_s, burst, service, send_ms, reply_ms)
+            return cdf >= needed
         rho = _utilisation(rate_per_s, burst, service, n)
         return rho < 1 and _response_cdf(target_ms, rho, service, send_ms, cycle_ms) >= needed
 
@@ -313,7 +347,13 @@ class SwayamPolicy:
         retry_delay_ms: float = 1.0,
         scale_in_interval_s: float | None = None,
         history: int = 100,
+        dispatch: str = "retry",
     ) -> None:
+        if dispatch not in DISPATCHES:
+            raise PolicyValueError(
+                f"swayam dispatch: must be one of {DISPATCHES}, got {dispatch!r}"
+            )
+        self.dispatch = dispatch
         if not (setup_s >= 0 and math.isfinite(setup_s)):
             raise PolicyValueError(f"swayam setup_s: must be >= 0, got {setup_s!r}")
         if not (burst >= 1 and math.isfinite(burst)):
@@ -386,6 +426,7 @@ class SwayamPolicy:
                 send_ms=self.send_ms,
                 reply_ms=self.reply_ms,
                 retry_delay_ms=self.retry_delay_ms,
+                dispatch=self.dispatch,
             )
             target = max(self.min_backends, estimate.backends)
         self.last_estimate = estimate

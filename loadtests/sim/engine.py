@@ -70,6 +70,12 @@ class SimResult:
     """Final budget multiplier per class (1.0 without budget adjustment)."""
     scaling: list[dict[str, float]] = field(default_factory=list)
     """Vertical scaling actions, in order (with [autoscaling] enabled)."""
+    arrival_ms: np.ndarray | None = None
+    """Arrival time of each query in latency_ms (for time series)."""
+    query_misses: np.ndarray | None = None
+    """Tasks of each query in latency_ms that were dequeued after their t_D."""
+    offered_arrival_ms: np.ndarray | None = None
+    """Arrival time of every measured query, admitted or not (for accepted-load series)."""
 
     @property
     def miss_ratio(self) -> float:
@@ -150,6 +156,7 @@ def simulate(
     policy: str | None = None,
     controller: BudgetController | None = None,
     epochs: int = 40,
+    slice_queries: int = 50,
 ) -> SimResult:
     """Run the scenario at this load under a policy (default: the scenario's).
 
@@ -192,7 +199,7 @@ def simulate(
     else:
         if guard is not None or scaler is not None:
             # Admission and scaling react between slices: keep the slices short.
-            epochs = max(epochs, w.queries // 50)
+            epochs = max(epochs, w.queries // slice_queries)
         bounds = np.linspace(0, w.queries, epochs + 1).astype(np.int64)
         names = [c.name for c in scn.classes]
         results = _ResultFeed(tq.size)
@@ -236,6 +243,7 @@ def simulate(
     measured[first:] = True
     ok = measured & admitted
     task_measured = ok[tq]
+    per_query_misses = np.add.reduceat(missed_task.astype(np.int64), w.offsets[:-1])
     horizon = float(np.nanmax(done) - w.arrival_ms[0]) if np.any(keep) else 1.0
     busy = float(occupy[keep].sum())
     return SimResult(
@@ -253,6 +261,9 @@ def simulate(
         utilisation=busy / (scn.servers.count * horizon),
         budgets=controller.scales if controller is not None else {},
         scaling=scaler.actions if scaler is not None else [],
+        arrival_ms=w.arrival_ms[ok],
+        query_misses=per_query_misses[ok],
+        offered_arrival_ms=w.arrival_ms[measured],
     )
 
 
@@ -346,8 +357,8 @@ class _SimScaler:
         now_s = now_ms / 1000.0
         if missed.size:
             self.window.record_many(int(np.count_nonzero(missed)), int(missed.size), now_s)
-        if self.window.count(now_s) < self.window_tasks // 4:
-            return  # too few results since the last change to judge it
+        if self.window.count(now_s) < self.window_tasks:
+            return  # the window does not yet hold a full window of results since the change
         ratio = self.window.ratio(now_s)
         d = self.policy.decide(ratio, self.level, now_s)
         if d.delta:
@@ -381,7 +392,9 @@ class _SimAdmission:
         self.names = [c.name for c in scn.classes]
         order = class_priorities(scn)
         self.prio = order
-        self.ctrl = admission_controller(a, [self.names[i] for i in np.argsort(order)])
+        self.ctrl = admission_controller(
+            a, [self.names[i] for i in np.argsort(order)], seed=scn.run.seed
+        )
         self.config = a
         self.window = admission_window(a)
         self.unloaded_ms = slo_ms[w.cls] - budget_ms
@@ -390,7 +403,7 @@ class _SimAdmission:
     def record(self, missed: np.ndarray, cls: np.ndarray, now_ms: float) -> None:
         """Task results that reached the handler since the last slice."""
         if missed.size == 0:
-            if self.window.count(now_ms / 1000.0):
+            if self.config.rule != "throttle" and self.window.count(now_ms / 1000.0):
                 # Nothing came back (everything was rejected): as the gateway's
                 # window_max_age_s does, forget the stale misses, or rejection would
                 # starve the window that is to end it.

@@ -732,8 +732,10 @@ class Experiment:
     """Default queries per simulation (enough samples beyond p99 in the rarest group)."""
     apps: tuple[str, ...]
     """Applications it runs."""
-    body: Callable[[Settings, Scenario], list[str]]
+    body: Callable[[Settings, Any], list[str]]
     """Runs the simulations, writes CSV and PNG files, returns markdown sections."""
+    pool: bool = False
+    """Its scenario is a pool scenario (`loadtests.sim.pool`), not a fanout one."""
 
     @property
     def scenario_path(self) -> Path:
@@ -772,8 +774,37 @@ EXPERIMENTS: dict[str, Experiment] = {
             ("masstree",),
             _mixed_fanout_four_classes,
         ),
+        Experiment(
+            "admission",
+            "admission control: admitted p99 and accepted load vs offered load, k_f = N = 100",
+            40_000,
+            ("masstree",),
+            lambda st, base: _overload("admission", st, base),
+        ),
+        Experiment(
+            "autoscale",
+            "vertical autoscaling on the miss ratio through load 50% -> 60% -> 50%",
+            60_000,
+            ("masstree",),
+            lambda st, base: _overload("autoscale", st, base),
+        ),
+        Experiment(
+            "swayam",
+            "Swayam's model-based scale-out vs threshold scaling through a 2x burst",
+            0,
+            ("xapian",),
+            lambda st, base: _overload("swayam", st, base),
+            pool=True,
+        ),
     )
 }
+
+
+def _overload(name: str, st: Settings, base: Any) -> list[str]:
+    from loadtests.sim import overload_experiments
+
+    body: Callable[[Settings, Any], list[str]] = getattr(overload_experiments, name)
+    return body(st, base)
 
 
 def run_experiment(
@@ -802,8 +833,13 @@ def run_experiment(
     if not runnable:
         raise ValueError(f"apps: {name} runs only {', '.join(exp.apps)}, got {', '.join(chosen)}")
     n = exp.queries if queries is None else queries
-    base = load_scenario(exp.scenario_path)
-    base = replace(base, run=replace(base.run, queries=n))  # RunSpec checks n before any run
+    if exp.pool:
+        from loadtests.sim.pool import load_pool_scenario
+
+        base: Any = load_pool_scenario(exp.scenario_path)
+    else:
+        base = load_scenario(exp.scenario_path)
+        base = replace(base, run=replace(base.run, queries=n))  # RunSpec checks n first
     st = Settings(
         out_dir=Path(out) / name,
         data_dir=Path(data_dir) if data_dir is not None else DEFAULT_DATA_DIR,
@@ -815,7 +851,11 @@ def run_experiment(
         quiet=quiet,
     )
     for app in runnable:
-        st.scenario(base, app)  # a missing data file fails now, not after minutes of runs
+        if exp.pool:
+            if not (st.data_dir / f"{app}_quantiles.txt").is_file():
+                raise ValueError(f"Tailbench service times for {app} not found in {st.data_dir}")
+        else:
+            st.scenario(base, app)  # a missing data file fails now, not after minutes of runs
     st.out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     sections = exp.body(st, base)
@@ -827,12 +867,23 @@ def run_experiment(
     return md
 
 
-def _markdown(
-    exp: Experiment, st: Settings, base: Scenario, sections: list[str], wall_s: float
-) -> str:
+def _markdown(exp: Experiment, st: Settings, base: Any, sections: list[str], wall_s: float) -> str:
     """The experiment's markdown report: setup, tables, files."""
-    run = base.run
     files = sorted(p.name for p in st.out_dir.iterdir() if p.suffix in (".csv", ".png"))
+    files_md = "## Files\n\n" + ", ".join(f"`{f}`" for f in files)
+    if exp.pool or exp.name in ("admission", "autoscale"):
+        head = [
+            f"# {exp.name}: {exp.title}",
+            "",
+            f"- Scenario: `loadtests/scenarios/{exp.name}.toml` ({base.description})",
+            f"- Service times from `{st.data_dir}`"
+            + (
+                "" if exp.pool else f"; {st.queries:,} queries per simulation, seed {base.run.seed}"
+            ),
+            f"- Wall time: {format_duration(wall_s)} with {st.workers} worker process(es)",
+        ]
+        return "\n".join(head) + "\n\n" + "\n\n".join([*sections, files_md]) + "\n"
+    run = base.run
     budget = ""
     if st.budget and exp.name != "fanout-single-class":
         budget = f" Column `{BUDGET_TITLE}`: TF-EDFQ with run-time budget adjustment."
@@ -849,5 +900,4 @@ def _markdown(
         f"SLO.{budget}",
         f"- Wall time: {format_duration(wall_s)} with {st.workers} worker process(es)",
     ]
-    files_md = "## Files\n\n" + ", ".join(f"`{f}`" for f in files)
     return "\n".join(setup) + "\n\n" + "\n\n".join([*sections, files_md]) + "\n"

@@ -76,6 +76,8 @@ class ArrivalsSpec:
     """Pareto shape alpha (burstiness; TailGuard uses 1.4)."""
     path: str | None = None
     """Trace: a file of arrival timestamps in seconds, one per line (rescaled to the load)."""
+    phases: tuple[float, ...] = ()
+    """Load multipliers of equally long phases, e.g. [1.0, 1.2, 1.0] (default: one phase)."""
 
     def __post_init__(self) -> None:
         if self.process not in ("poisson", "pareto", "trace"):
@@ -86,6 +88,8 @@ class ArrivalsSpec:
             raise ValueError(f"alpha: must be > 1 for a finite mean, got {self.alpha}")
         if self.process == "trace" and not self.path:
             raise ValueError("path: a trace needs a file of timestamps")
+        if any(not (m > 0 and math.isfinite(m)) for m in self.phases):
+            raise ValueError(f"phases: load multipliers must be > 0, got {list(self.phases)}")
 
 
 @dataclass(frozen=True, slots=True)

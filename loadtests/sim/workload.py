@@ -68,7 +68,23 @@ def make_workload(scn: Scenario, load: float) -> Workload:
     d = _cached_draws(scn)
     rate = scn.arrival_rate_per_ms(load)
     arrival_ms = np.cumsum(d.unit_gaps) / rate
+    if scn.arrivals.phases:
+        arrival_ms = _phased(arrival_ms, scn.arrivals.phases)
     return Workload(arrival_ms, d.cls, d.fanout, d.offsets, d.task_server, d.task_service_ms)
+
+
+def _phased(op_ms: np.ndarray, multipliers: tuple[float, ...]) -> np.ndarray:
+    """Arrivals at rate multiplier m_i in equally long phases, by a change of time.
+
+    op_ms are arrivals at the base rate. Phase i lasts T of real time and takes m_i·T of
+    base-rate time, so a Poisson stream stays Poisson with rate m_i·λ inside phase i.
+    """
+    m = np.asarray(multipliers, dtype=float)
+    total = float(op_ms[-1]) * (1.0 + 1e-12)
+    span = total / m.sum()  # T
+    op_edges = np.concatenate([[0.0], np.cumsum(m * span)])
+    phase = np.minimum(np.searchsorted(op_edges, op_ms, side="right") - 1, m.size - 1)
+    return phase * span + (op_ms - op_edges[phase]) / m[phase]
 
 
 _last: tuple[str, _Draws] | None = None

@@ -95,3 +95,31 @@ def test_vertical_step_makes_service_20_percent_faster_or_25_percent_slower() ->
         vertical_step(0.0, 1)
     with pytest.raises(PolicyValueError):
         vertical_step(1.0, 0.5)  # type: ignore[arg-type]
+
+
+def test_a_step_down_undone_at_once_doubles_the_down_cooldown_until_one_holds() -> None:
+    a = create_autoscaler(max_replicas=10, up_cooldown_s=0.0, down_cooldown_s=10.0)
+    assert a.decide(0.0, 3, 0.0).delta == -1  # down to 2
+    assert a.decide(0.05, 2, 1.0).delta == 1  # undone within 10 s: flapping
+    assert a.effective_down_cooldown_s == 20.0
+    assert a.decide(0.0, 3, 15.0).reason == "cooldown"  # 14 s after the change, < 20 s
+    assert a.decide(0.0, 3, 21.0).delta == -1
+    assert a.decide(0.05, 2, 22.0).delta == 1  # flaps again: 40 s
+    assert a.effective_down_cooldown_s == 40.0
+    assert a.decide(0.0, 3, 62.0).delta == -1
+    # This step down holds: the next one finds the cooldown back at its base.
+    assert a.decide(0.0, 2, 102.0).delta == -1
+    assert a.effective_down_cooldown_s == 10.0
+    assert a.snapshot(102.0)["effective_down_cooldown_s"] == 10.0
+
+
+def test_flap_backoff_is_capped() -> None:
+    a = create_autoscaler(
+        max_replicas=10, up_cooldown_s=0.0, down_cooldown_s=10.0, max_down_cooldown_s=15.0
+    )
+    t = 0.0
+    for _ in range(3):
+        assert a.decide(0.0, 3, t).delta == -1
+        assert a.decide(0.05, 2, t + 1).delta == 1
+        t += 100.0
+    assert a.effective_down_cooldown_s == 15.0

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from loadtests.sim.experiments import EXPERIMENTS, SINGLE_CLASS_SLOS_MS, run_experiment
+from loadtests.sim.overload_experiments import ADMISSION_LOADS
+from loadtests.sim.pool import load_pool_scenario
 from loadtests.sim.progress import ProgressBar
 from loadtests.sim.scenario import load_scenario
 
@@ -29,7 +31,8 @@ def read_csv(path: Path) -> list[dict[str, str]]:
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
 def test_shipped_scenario_loads(path: Path) -> None:
-    scn = load_scenario(path)
+    exp = EXPERIMENTS.get(path.stem)
+    scn = load_pool_scenario(path) if exp is not None and exp.pool else load_scenario(path)
     assert scn.name == path.stem
     assert scn.service.kind == "quantiles"
 
@@ -108,6 +111,51 @@ def test_two_class_experiments_write_their_files(
     # The budget-adjusted TF-EDFQ search comes as one more column.
     assert [(r["policy"], r["budget_adjust"]) for r in rows][-1] == ("tf-edfq", "True")
     assert "TF-EDFQ+budget" in (folder / f"{name}.md").read_text(encoding="utf-8")
+
+
+def test_admission_experiment_compares_rules_against_the_max_load(
+    tmp_path: Path, tailbench_dir: Path
+) -> None:
+    md = run_tiny("admission", tmp_path, tailbench_dir, queries=3000, tol=0.3)
+    folder = tmp_path / "admission"
+    rows = read_csv(folder / "admission.csv")
+    assert [(r["rule"], float(r["offered_load"])) for r in rows] == [
+        (rule, load) for rule in ("none", "reject-all", "throttle") for load in ADMISSION_LOADS
+    ]
+    for r in rows:
+        if r["rule"] == "none":
+            assert float(r["accepted_load"]) == pytest.approx(float(r["offered_load"]))
+        assert float(r["accepted_load"]) <= float(r["offered_load"]) + 1e-9
+    text = md.read_text(encoding="utf-8")
+    assert "R_cth^U = **" in text and "worst gap" in text
+    for png in ("p99_vs_offered_load.png", "accepted_load.png"):
+        assert (folder / png).read_bytes()[:8] == PNG_MAGIC
+
+
+def test_autoscale_experiment_reports_phases_and_actions(
+    tmp_path: Path, tailbench_dir: Path
+) -> None:
+    md = run_tiny("autoscale", tmp_path, tailbench_dir, queries=6000)
+    folder = tmp_path / "autoscale"
+    timeline = read_csv(folder / "timeline.csv")
+    assert {r["autoscaling"] for r in timeline} == {"off", "on"}
+    actions = read_csv(folder / "actions.csv")
+    assert all(r["reason"] in ("above_upper", "below_lower") for r in actions)
+    text = md.read_text(encoding="utf-8")
+    assert "## Per phase" in text and "| on | 3 |" in text
+    assert (folder / "miss_ratio_and_speed.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def test_swayam_experiment_compares_with_the_threshold_autoscaler(
+    tmp_path: Path, tailbench_dir: Path
+) -> None:
+    md = run_tiny("swayam", tmp_path, tailbench_dir)
+    folder = tmp_path / "swayam"
+    rows = read_csv(folder / "backends_over_time.csv")
+    assert {r["policy"] for r in rows} == {"swayam", "threshold"}
+    text = md.read_text(encoding="utf-8")
+    assert "| swayam |" in text and "| threshold |" in text and "backend-seconds" in text
+    assert (folder / "backends_over_time.png").read_bytes()[:8] == PNG_MAGIC
 
 
 def test_missing_data_file_names_the_path(tmp_path: Path) -> None:

@@ -1,0 +1,438 @@
+"""Experiments on overload: admission control, vertical autoscaling, and Swayam vs thresholds.
+
+- ``admission`` (TailGuard §III.D): the fixed-fanout two-class Masstree scenario at offered
+  loads 40-90%, without admission, with the paper's reject-all rule and with our throttle;
+  per-class p99 of admitted queries, accepted load and its gap to the max load found
+  without admission. R_cth^U is calibrated first: the miss ratio measured without
+  admission at `CALIBRATION_MARGIN` of that max load (the paper sets thresholds "offline
+  through measurement"; the margin is ours).
+- ``autoscale`` (TailGuard §III.E): the same scenario with offered load 50% → 60% → 50%,
+  vertical scaling on R_sth^U / R_sth^L; p99, miss ratio and service speed over time.
+- ``swayam`` (Swayam §4): one pool under a 2x burst, Swayam's model-based scale-out with
+  passive scale-in against the threshold autoscaler (`loadtests.sim.pool`).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gateway.config import AdmissionConfig
+from loadtests.sim.engine import SimResult, simulate
+from loadtests.sim.report import percentile, report
+
+ADMISSION_LOADS = (0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+CALIBRATION_MARGIN = 0.95
+"""R_cth^U = the miss ratio without admission at this fraction of the max load."""
+RULES = ("none", "reject-all", "throttle")
+RULE_TITLES = {"none": "no admission", "reject-all": "reject-all (paper)", "throttle": "throttle"}
+SLICE_QUERIES = {"none": 50, "reject-all": 50, "throttle": 200}
+"""Queries between two admission decisions' feedback in the simulator: reject-all reacts
+to every change of the window, so it gets short slices; the throttle steps every 0.3 s."""
+TIMELINE_BIN_S = 0.5
+"""Width of the time bins of the autoscale experiment's series."""
+
+
+# --- Jobs (module level: they run in worker processes) -----------------------------------
+
+
+def _tick(job: int) -> None:
+    from loadtests.sim import experiments
+
+    experiments._tick(job)
+
+
+def _run_row(scn: Any, load: float, rule: str) -> dict[str, Any]:
+    res = simulate(scn, load, slice_queries=SLICE_QUERIES[rule])
+    rep = report(res)
+    row: dict[str, Any] = {
+        "rule": rule,
+        "offered_load": load,
+        "accepted_load": res.accepted_load,
+        "miss_ratio": res.miss_ratio,
+        "admission_rejected": res.admission_rejected,
+        "measured_queries": res.measured_queries,
+        "all_met": rep.met,
+    }
+    for name, stat in rep.classes.items():
+        row[f"p99_{name}_ms"] = stat.latency_ms
+        row[f"slo_{name}_ms"] = stat.slo_ms
+        row[f"met_{name}"] = stat.met
+    return row
+
+
+def _admission_curve(
+    job: int, scn: Any, rule: str, threshold: float, loads: tuple[float, ...]
+) -> list[dict[str, Any]]:
+    """Every offered load under one rule (none, reject-all or throttle)."""
+    if rule == "none":
+        run_scn = replace(scn, admission=AdmissionConfig(policy="none"))
+    else:
+        run_scn = replace(scn, admission=replace(scn.admission, rule=rule, threshold=threshold))
+    rows = []
+    for load in loads:
+        rows.append(_run_row(run_scn, load, rule))
+        _tick(job)
+    return rows
+
+
+def _calibrate(job: int, scn: Any, load: float) -> float:
+    """The miss ratio without admission at this load."""
+    res = simulate(replace(scn, admission=AdmissionConfig(policy="none")), load)
+    _tick(job)
+    return res.miss_ratio
+
+
+def _autoscale_run(job: int, scn: Any, load: float, on: bool) -> dict[str, Any]:
+    """One run with or without vertical autoscaling; series in TIMELINE_BIN_S bins."""
+    s = replace(scn, autoscaling=replace(scn.autoscaling, enabled=on))
+    res = simulate(s, load)
+    _tick(job)
+    return {"on": on, **_timeline(res), "actions": res.scaling}
+
+
+def _timeline(res: SimResult) -> dict[str, Any]:
+    assert res.arrival_ms is not None and res.query_misses is not None
+    scn = res.scenario
+    t_s = res.arrival_ms / 1000.0
+    end = float(t_s.max()) if t_s.size else 0.0
+    edges = np.arange(0.0, end + TIMELINE_BIN_S, TIMELINE_BIN_S)
+    series: dict[str, list[float]] = {"time_s": [], "miss_ratio": []}
+    for c in scn.classes:
+        series[f"p99_{c.name}_ms"] = []
+    for lo, hi in itertools.pairwise(edges):
+        sel = (t_s >= lo) & (t_s < hi)
+        if not np.any(sel):
+            continue
+        series["time_s"].append(float((lo + hi) / 2))
+        tasks = float(res.fanout[sel].sum())
+        series["miss_ratio"].append(float(res.query_misses[sel].sum()) / tasks)
+        for ci, c in enumerate(scn.classes):
+            mine = res.latency_ms[sel & (res.cls == ci)]
+            series[f"p99_{c.name}_ms"].append(percentile(mine, c.percentile))
+    phases = max(1, len(scn.arrivals.phases))
+    span = end / phases
+    per_phase = []
+    for i in range(phases):
+        sel = (t_s >= i * span) & (t_s < (i + 1) * span if i + 1 < phases else t_s <= end)
+        row: dict[str, Any] = {"phase": i + 1}
+        row["miss_ratio"] = float(res.query_misses[sel].sum()) / max(1, int(res.fanout[sel].sum()))
+        for ci, c in enumerate(scn.classes):
+            row[f"p99_{c.name}_ms"] = percentile(
+                res.latency_ms[sel & (res.cls == ci)], c.percentile
+            )
+        row["mean_service_scale"] = _mean_scale(res.scaling, i * span, (i + 1) * span)
+        per_phase.append(row)
+    return {"series": series, "phases": per_phase, "end_s": end}
+
+
+def _mean_scale(actions: list[dict[str, float]], t0_s: float, t1_s: float) -> float:
+    """Time-average service-time factor over [t0, t1] from the scaling actions."""
+    if t1_s <= t0_s:
+        return 1.0
+    points = [(0.0, 1.0)] + [(a["time_ms"] / 1000.0, a["to_scale"]) for a in actions]
+    total = 0.0
+    for k, (t, scale) in enumerate(points):
+        nxt = points[k + 1][0] if k + 1 < len(points) else float("inf")
+        lo, hi = max(t, t0_s), min(nxt, t1_s)
+        if hi > lo:
+            total += scale * (hi - lo)
+    return total / (t1_s - t0_s)
+
+
+def _pool_run(job: int, scn: Any, policy: str) -> Any:
+    from loadtests.sim.pool import simulate_pool
+
+    res = simulate_pool(scn, policy)
+    _tick(job)
+    return res
+
+
+# --- Experiment bodies -------------------------------------------------------------------
+
+
+def admission(st: Any, base: Any) -> list[str]:
+    """Admission control: per-class p99 of admitted queries and accepted load vs offered load."""
+    from loadtests.sim import experiments as ex
+    from loadtests.sim import plots
+
+    scn = st.scenario(base, "masstree")
+    pool = st.pool("admission: max load without admission")
+    pool.add(
+        ex._search,
+        (replace(scn, admission=AdmissionConfig(policy="none")), "tf-edfq", st.tol),
+        ex._bisection_runs(ex.HIGH - ex.LOW, st.tol),
+    )
+    (search,) = pool.run()
+    max_load = search.max_load
+    pool = st.pool("admission: calibration")
+    pool.add(_calibrate, (scn, CALIBRATION_MARGIN * max_load), 1)
+    (threshold,) = pool.run()
+    pool = st.pool("admission: offered-load sweeps")
+    for rule in RULES:
+        pool.add(_admission_curve, (scn, rule, threshold, ADMISSION_LOADS), len(ADMISSION_LOADS))
+    curves = dict(zip(RULES, pool.run(), strict=True))
+
+    names = [c.name for c in scn.classes]
+    header = ["rule", "offered", "accepted", "gap to max", "miss ratio"]
+    header += [f"p99 {n} (SLO {c.slo_ms:g} ms)" for n, c in zip(names, scn.classes, strict=True)]
+    header += ["all met"]
+    rows, csv_rows = [], []
+    for rule, curve in curves.items():
+        for r in curve:
+            gap = (max_load - r["accepted_load"]) / max_load if max_load > 0 else float("nan")
+            # Below the max load nothing should be turned away: the gap is not a figure there.
+            gap_cell = f"{gap:+.1%}" if r["offered_load"] >= max_load else "-"
+            cells = [f"{r[f'p99_{n}_ms']:.3f}" + ("" if r[f"met_{n}"] else " ✗") for n in names]
+            rows.append(
+                [
+                    RULE_TITLES[rule],
+                    f"{r['offered_load']:.1f}",
+                    f"{r['accepted_load']:.3f}",
+                    gap_cell,
+                    f"{r['miss_ratio']:.2%}",
+                    *cells,
+                    "yes" if r["all_met"] else "no",
+                ]
+            )
+            csv_rows.append([rule, *(r[k] for k in sorted(r) if k != "rule"), gap])
+    keys = sorted(k for k in curves["none"][0] if k != "rule")
+    ex.write_csv(st.out_dir / "admission.csv", ["rule", *keys, "gap_to_max_load"], csv_rows)
+    panels: dict[str, dict[str, Any]] = {}
+    for n, c in zip(names, scn.classes, strict=True):
+        panels[f"class {n}: p99 of admitted queries"] = {
+            RULE_TITLES[rule]: ([(r["offered_load"], r[f"p99_{n}_ms"]) for r in curve], c.slo_ms)
+            for rule, curve in curves.items()
+        }
+    plots.curves_with_slo(
+        st.out_dir / "p99_vs_offered_load.png",
+        panels,
+        title="Admission control, k_f = N = 100 (dashed: SLOs)",
+        xlabel="offered load",
+        ylabel="p99 latency (ms)",
+    )
+    plots.line_panels(
+        st.out_dir / "accepted_load.png",
+        {
+            "accepted load": {
+                **{
+                    RULE_TITLES[rule]: [(r["offered_load"], r["accepted_load"]) for r in curve]
+                    for rule, curve in curves.items()
+                },
+                "max load without admission": [
+                    (ADMISSION_LOADS[0], max_load),
+                    (ADMISSION_LOADS[-1], max_load),
+                ],
+            }
+        },
+        title="Accepted load vs offered load",
+        xlabel="offered load",
+        ylabel="accepted load",
+        ncols=1,
+    )
+    over = [r for r in curves["throttle"] if r["offered_load"] >= max_load]
+    worst_gap = max(
+        ((max_load - r["accepted_load"]) / max_load for r in over), default=float("nan")
+    )
+    a = scn.admission
+    return [
+        "## Calibration\n\n"
+        f"Max load without admission (TF-EDFQ, bisection to {st.tol:g}): **{max_load:.3f}** "
+        f"(bracket {search.bracket[0]:.3f}-{search.bracket[1]:.3f}). Miss ratio without "
+        f"admission at {CALIBRATION_MARGIN:.0%} of it: R_cth^U = **{threshold:.4f}**, used by "
+        f"both rules. Window: {a.window_tasks:,} tasks; throttle step every "
+        f"{a.throttle_interval_s:g} s with gain {a.throttle_gain:g}.",
+        "## Admitted queries and accepted load\n\n"
+        "`✗`: the class misses its SLO. Gap (offered loads at or above the max load): "
+        "(max load - accepted load) / max load. "
+        f"Throttle, offered loads at or above the max load: worst gap **{worst_gap:.1%}**.\n\n"
+        + ex.md_table(header, rows),
+    ]
+
+
+AUTOSCALE_LOAD = 0.5
+"""Offered load of the first and last phase (the scenario's phases multiply it)."""
+
+
+def autoscale(st: Any, base: Any) -> list[str]:
+    """Vertical autoscaling through 50% → 60% → 50%: p99, miss ratio and speed over time."""
+    from loadtests.sim import experiments as ex
+    from loadtests.sim import plots
+
+    scn = st.scenario(base, "masstree")
+    pool = st.pool("autoscale")
+    for on in (False, True):
+        pool.add(_autoscale_run, (scn, AUTOSCALE_LOAD, on), 1)
+    off, on = pool.run()
+    a = scn.autoscaling
+    names = [c.name for c in scn.classes]
+    loads = [AUTOSCALE_LOAD * m for m in scn.arrivals.phases] or [AUTOSCALE_LOAD]
+    rows = []
+    for label, run in (("off", off), ("on", on)):
+        for ph in run["phases"]:
+            i = ph["phase"] - 1
+            cells = [
+                f"{ph[f'p99_{n}_ms']:.3f}" + ("" if ph[f"p99_{n}_ms"] <= c.slo_ms else " ✗")
+                for n, c in zip(names, scn.classes, strict=True)
+            ]
+            rows.append(
+                [
+                    label,
+                    ph["phase"],
+                    f"{loads[i]:.2f}",
+                    *cells,
+                    f"{ph['miss_ratio']:.2%}",
+                    f"{ph['mean_service_scale']:.3f}",
+                ]
+            )
+    header = ["autoscaling", "phase", "offered load"]
+    header += [f"p99 {n} (SLO {c.slo_ms:g} ms)" for n, c in zip(names, scn.classes, strict=True)]
+    header += ["miss ratio", "mean service-time factor"]
+    series_rows = []
+    for label, run in (("off", off), ("on", on)):
+        s = run["series"]
+        for k, t in enumerate(s["time_s"]):
+            series_rows.append(
+                [label, t, s["miss_ratio"][k], *(s[f"p99_{n}_ms"][k] for n in names)]
+            )
+    ex.write_csv(
+        st.out_dir / "timeline.csv",
+        ["autoscaling", "time_s", "miss_ratio", *(f"p99_{n}_ms" for n in names)],
+        series_rows,
+    )
+    action_rows = [
+        [
+            f"{x['time_ms'] / 1000:.2f}",
+            f"{x['miss_ratio']:.2%}",
+            f"{x['from_scale']:.3f}",
+            f"{x['to_scale']:.3f}",
+            x["reason"],
+        ]
+        for x in on["actions"]
+    ]
+    ex.write_csv(
+        st.out_dir / "actions.csv",
+        ["time_s", "miss_ratio", "from_scale", "to_scale", "reason"],
+        action_rows,
+    )
+    end = on["end_s"]
+    scale_points = [(0.0, 1.0)]
+    for x in on["actions"]:
+        t = x["time_ms"] / 1000.0
+        scale_points += [(t, scale_points[-1][1]), (t, x["to_scale"])]
+    scale_points.append((end, scale_points[-1][1]))
+    panels: dict[str, dict[str, Any]] = {}
+    for label, run in (("off", off), ("on", on)):
+        s = run["series"]
+        panels[f"autoscaling {label}: p99"] = {
+            f"class {n}": (list(zip(s["time_s"], s[f"p99_{n}_ms"], strict=True)), c.slo_ms)
+            for n, c in zip(names, scn.classes, strict=True)
+        }
+    plots.curves_with_slo(
+        st.out_dir / "p99_over_time.png",
+        panels,
+        title=f"p99 per {TIMELINE_BIN_S:g} s, load {' → '.join(f'{x:.0%}' for x in loads)}",
+        xlabel="time (s)",
+        ylabel="p99 latency (ms)",
+        ncols=2,
+    )
+    plots.line_panels(
+        st.out_dir / "miss_ratio_and_speed.png",
+        {
+            "task deadline-miss ratio": {
+                "autoscaling off": list(
+                    zip(off["series"]["time_s"], off["series"]["miss_ratio"], strict=True)
+                ),
+                "autoscaling on": list(
+                    zip(on["series"]["time_s"], on["series"]["miss_ratio"], strict=True)
+                ),
+                "R_sth^U": [(0.0, a.upper), (end, a.upper)],
+                "R_sth^L": [(0.0, a.lower), (end, a.lower)],
+            },
+            "service-time factor (autoscaling on)": {"factor": scale_points},
+        },
+        title="Miss ratio and vertical scaling over time",
+        xlabel="time (s)",
+        ylabel="ratio / factor",
+        ncols=2,
+    )
+    return [
+        f"## Setup\n\nOffered load {' → '.join(f'{x:.0%}' for x in loads)} in equal phases; "
+        f"R_sth^U = {a.upper:g}, R_sth^L = {a.lower:g}, window {a.window_tasks:,} tasks, "
+        f"cooldowns {a.up_cooldown_ms:g} ms up / {a.down_cooldown_ms:g} ms down (doubling "
+        f"while a step down is undone at once), at most {a.max_steps_up} steps up and "
+        f"{a.max_steps_down} down; a step up makes service 20% faster, a step down 25% slower.",
+        "## Per phase\n\n" + ex.md_table(header, rows),
+        "## Scaling actions (autoscaling on)\n\n"
+        + ex.md_table(["time s", "miss ratio", "from", "to", "reason"], action_rows),
+    ]
+
+
+def swayam(st: Any, base: Any) -> list[str]:
+    """Swayam vs threshold scaling through a 2x burst: backends, compliance, backend-seconds."""
+    from loadtests.sim import experiments as ex
+    from loadtests.sim import plots
+    from loadtests.sim.pool import summary_rows
+
+    scn = replace(
+        base, service=replace(base.service, path=str(st.data_dir / "xapian_quantiles.txt"))
+    )
+    pool = st.pool("swayam")
+    for policy in ("swayam", "threshold"):
+        pool.add(_pool_run, (scn, policy), 1)
+    results = pool.run()
+    header = [
+        "policy",
+        f"windows of {scn.window_requests:,} meeting p{scn.percentile:g} <= {scn.target_ms:g} ms",
+        f"overall p{scn.percentile:g} ms",
+        "backend-seconds",
+        "peak warm",
+        "scaling actions",
+        "task miss ratio",
+    ]
+    rows = summary_rows(scn, results)
+    timeline_rows = []
+    for r in results:
+        for p in r.timeline:
+            timeline_rows.append(
+                [r.policy, p["time_s"], p["rate_per_s"], p["warm"], p["warming"], p["routable"]]
+            )
+    ex.write_csv(
+        st.out_dir / "backends_over_time.csv",
+        ["policy", "time_s", "rate_per_s", "warm", "warming", "routable"],
+        timeline_rows,
+    )
+    plots.line_panels(
+        st.out_dir / "backends_over_time.png",
+        {
+            "warm backends": {
+                r.policy: [(p["time_s"], p["warm"]) for p in r.timeline] for r in results
+            },
+            "offered rate (req/s)": {
+                "rate": [(p["time_s"], p["rate_per_s"]) for p in results[0].timeline]
+            },
+        },
+        title="Warm backends through a 2x burst",
+        xlabel="time (s)",
+        ylabel="backends / rate",
+        ncols=2,
+    )
+    actions = []
+    for r in results:
+        for x in r.actions:
+            actions.append([r.policy, f"{x['time_s']:.0f}", x["delta"], x["reason"]])
+    return [
+        f"## Setup\n\n{scn.description}. Service `{Path(scn.service.path or '').name}`; "
+        f"t_setup {scn.setup_s:g} s, idle retirement T = {scn.idle_s:g} s, decisions every "
+        f"{scn.interval_s:g} s. Swayam: burst factor U = {scn.burst:g}, rate regression over "
+        f"{scn.history_s:g} s, n_B from the central-queue waiting-time model. Threshold: "
+        f"R_sth^U = {scn.upper:g}, R_sth^L = {scn.lower:g}, window {scn.window_tasks:,} tasks, "
+        f"cooldowns {scn.up_cooldown_s:g} s up / {scn.down_cooldown_s:g} s down. Both start "
+        "with the backends Swayam's model asks for at the base rate.",
+        "## Results\n\n" + ex.md_table(header, rows),
+        "## Scaling actions\n\n" + ex.md_table(["policy", "time s", "delta", "reason"], actions),
+    ]

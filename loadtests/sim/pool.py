@@ -1,0 +1,373 @@
+"""Horizontal autoscaling of one pool of backends on a virtual clock (Swayam §4, TailGuard §III.E).
+
+Single-task requests (k_f = 1) arrive by a piecewise-linear rate trace. The gateway holds
+them in one FIFO queue (central queueing, TailGuard Fig. 2) and hands the head request to
+the first free backend of the routable set, in `backend_order`; a backend serves one
+request at a time. Filling low-order backends first leaves the high-order ones idle, which
+is what lets passive scale-in work.
+
+Backends live through warming (t_setup) → warm → retired. The autoscaler under test decides
+once per interval, with the same policy objects the gateway runs:
+
+- ``swayam``: `SwayamPolicy` (rate prediction at horizon t_setup, burst factor U, n_B search
+  with the central-queue waiting-time model) sets n; the gateway routes to the first n warm
+  backends, and a backend beyond them with no request for T retires itself (`IdleTracker`).
+- ``threshold``: `ThresholdAutoscaler` on the windowed task deadline-miss ratio; a request
+  misses when its service starts after t_D = t0 + target - x_p^u(1) (TailGuard eq. (4) with
+  k_f = 1); a step down stops routing to the last backend, which then retires once idle.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from admission import (
+    IdleTracker,
+    MissRatioWindow,
+    SwayamPolicy,
+    ThresholdAutoscaler,
+    backend_order,
+    estimate_backends,
+)
+from loadtests.sim.workload import sample_service_ms
+from taskserver.service_time import ServiceSpec, make_distribution
+
+_DONE, _DECIDE, _ARRIVE = 0, 1, 2  # at equal times: free slots first, then decide
+
+
+@dataclass(frozen=True, slots=True)
+class PoolScenario:
+    """One pool, a rate trace and the autoscaler settings."""
+
+    service: ServiceSpec
+    """Service time of one request on one backend."""
+    trace_s: tuple[float, ...] = (0.0, 40.0, 45.0, 75.0, 80.0, 120.0)
+    """Times of the corners of a piecewise-linear rate trace (s, ascending, from 0)."""
+    trace_rate: tuple[float, ...] = (1.0, 1.0, 2.0, 2.0, 1.0, 1.0)
+    """Rate multiplier at each corner: a 2x burst by default."""
+    base_rate_per_s: float = 2000.0
+    """Request rate at multiplier 1."""
+    percentile: float = 99.0
+    """SLO percentile p (SL_min)."""
+    target_ms: float = 6.0
+    """SLO response time at p (RT_max)."""
+    setup_s: float = 5.0
+    """t_setup: a new backend serves this long after it is started."""
+    idle_s: float = 10.0
+    """T: a backend with no request for this long retires (passive scale-in)."""
+    interval_s: float = 1.0
+    """Autoscaler decision period."""
+    burst: float = 1.5
+    """Swayam's burst factor U."""
+    history_s: float = 15.0
+    """Swayam's rate-regression history."""
+    send_ms: float = 0.5
+    """d1: gateway to backend."""
+    reply_ms: float = 0.5
+    """d2: backend to gateway."""
+    upper: float = 0.015
+    """Threshold autoscaler: R_sth^U."""
+    lower: float = 0.005
+    """Threshold autoscaler: R_sth^L."""
+    window_tasks: int = 5_000
+    """Threshold autoscaler: miss-ratio window in tasks."""
+    up_cooldown_s: float = 5.0
+    """Threshold autoscaler: least time between steps up (one t_setup)."""
+    down_cooldown_s: float = 15.0
+    """Threshold autoscaler: least time after any step before a step down."""
+    min_backends: int = 1
+    max_backends: int = 64
+    window_requests: int = 1000
+    """SLO compliance is judged per window of this many requests."""
+    seed: int = 1
+    name: str = "pool"
+    """Shown in reports."""
+    description: str = ""
+    """One line shown in reports."""
+
+    def __post_init__(self) -> None:
+        if len(self.trace_s) < 2 or len(self.trace_s) != len(self.trace_rate):
+            raise ValueError("trace_s: need >= 2 corners, as many as trace_rate")
+        if self.trace_s[0] != 0 or list(self.trace_s) != sorted(self.trace_s):
+            raise ValueError(f"trace_s: must ascend from 0, got {list(self.trace_s)}")
+        if any(not (m >= 0 and math.isfinite(m)) for m in self.trace_rate) or not any(
+            self.trace_rate
+        ):
+            raise ValueError(f"trace_rate: must be >= 0, not all 0, got {list(self.trace_rate)}")
+        for name in ("base_rate_per_s", "target_ms", "interval_s", "idle_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}: must be > 0, got {getattr(self, name)}")
+        if not 0 < self.percentile < 100:
+            raise ValueError(f"percentile: must be in (0, 100), got {self.percentile}")
+        if not 1 <= self.min_backends <= self.max_backends:
+            raise ValueError("min_backends: need 1 <= min_backends <= max_backends")
+
+    def rate_at(self, t_s: float) -> float:
+        """Request rate (per s) at time t_s."""
+        return self.base_rate_per_s * float(np.interp(t_s, self.trace_s, self.trace_rate))
+
+    @property
+    def duration_s(self) -> float:
+        """Length of the trace."""
+        return self.trace_s[-1]
+
+
+@dataclass(slots=True)
+class PoolResult:
+    """What one run of the pool did."""
+
+    policy: str
+    response_ms: np.ndarray
+    """Response time of each request, in arrival order."""
+    timeline: list[dict[str, float]]
+    """Per decision: time, offered rate, warm / warming / routable backends."""
+    actions: list[dict[str, float | str]] = field(default_factory=list)
+    backend_seconds: float = 0.0
+    """Time integral of backends started and not retired (warming ones included)."""
+    miss_ratio: float = 0.0
+
+    def compliance(self, scn: PoolScenario) -> float:
+        """Fraction of consecutive windows of requests whose p-th response time meets target."""
+        n = scn.window_requests
+        windows = self.response_ms.size // n
+        if windows == 0:
+            return math.nan
+        blocks = self.response_ms[: windows * n].reshape(windows, n)
+        tails = np.percentile(blocks, scn.percentile, axis=1)
+        return float(np.mean(tails <= scn.target_ms))
+
+
+@dataclass(slots=True)
+class _Backend:
+    bid: str
+    started_s: float
+    ready_s: float
+    busy: bool = False
+    retired_s: float | None = None
+    idle: IdleTracker | None = None
+
+
+def _arrivals(scn: PoolScenario, rng: random.Random) -> list[float]:
+    """Non-homogeneous Poisson arrivals (ms) by thinning at the trace's peak rate."""
+    peak = max(scn.trace_rate) * scn.base_rate_per_s / 1000.0  # per ms
+    out, t, end = [], 0.0, scn.duration_s * 1000.0
+    while True:
+        t += rng.expovariate(peak)
+        if t >= end:
+            return out
+        if rng.random() * peak <= scn.rate_at(t / 1000.0) / 1000.0:
+            out.append(t)
+
+
+def simulate_pool(scn: PoolScenario, policy: str) -> PoolResult:
+    """Run the trace under `swayam` or `threshold` autoscaling."""
+    if policy not in ("swayam", "threshold"):
+        raise ValueError(f"policy: must be 'swayam' or 'threshold', got {policy!r}")
+    rng = random.Random(scn.seed)
+    arrivals = _arrivals(scn, rng)
+    service = sample_service_ms(
+        scn.service, np.random.default_rng(scn.seed).random(len(arrivals))
+    ).tolist()
+    dist = make_distribution(scn.service)
+    quantiles = dist.quantiles(200)
+    unloaded_ms = scn.send_ms + dist.quantile(scn.percentile / 100.0) + scn.reply_ms
+    budget_ms = scn.target_ms - unloaded_ms  # T_b = SLO - x_p^u(1), TailGuard eq. (4)
+    model = {
+        "percentile": scn.percentile,
+        "target_ms": scn.target_ms,
+        "burst": scn.burst,
+        "max_backends": scn.max_backends,
+        "send_ms": scn.send_ms,
+        "reply_ms": scn.reply_ms,
+        "dispatch": "central",
+    }
+    start_n = estimate_backends(scn.rate_at(0.0), quantiles, **model).backends
+    backends: list[_Backend] = []
+
+    def add_backend(now_s: float, ready_s: float) -> None:
+        b = _Backend(f"b{len(backends) + 1}", now_s, ready_s)
+        b.idle = IdleTracker(scn.idle_s, since=ready_s)
+        backends.append(b)
+
+    for _ in range(start_n):
+        add_backend(0.0, 0.0)
+    swayam = SwayamPolicy(
+        setup_s=scn.setup_s,
+        min_backends=scn.min_backends,
+        history_s=scn.history_s,
+        **{k: v for k, v in model.items()},
+    )
+    swayam.in_use = start_n
+    threshold = ThresholdAutoscaler(
+        upper=scn.upper,
+        lower=scn.lower,
+        min_replicas=scn.min_backends,
+        max_replicas=scn.max_backends,
+        up_cooldown_s=scn.up_cooldown_s,
+        down_cooldown_s=scn.down_cooldown_s,
+    )
+    target_n = start_n  # threshold: the replica count asked for
+    window = MissRatioWindow(window_tasks=scn.window_tasks)
+
+    response = [math.nan] * len(arrivals)
+    events: list[tuple[float, int, int]] = [(t, _ARRIVE, i) for i, t in enumerate(arrivals)]
+    events += [
+        (k * scn.interval_s * 1000.0, _DECIDE, k)
+        for k in range(1, int(scn.duration_s / scn.interval_s) + 1)
+    ]
+    heapq.heapify(events)
+    timeline: list[dict[str, float]] = []
+    actions: list[dict[str, float | str]] = []
+    routable: list[_Backend] = list(backends)
+    spare: list[_Backend] = []
+    waiting: deque[int] = deque()
+    arrived_in_interval = 0
+    misses = 0
+
+    def start(b: _Backend, i: int, t: float) -> None:
+        nonlocal misses
+        b.busy = True
+        assert b.idle is not None
+        b.idle.task(t / 1000.0)
+        at = t + scn.send_ms
+        late = at - arrivals[i] > budget_ms
+        misses += late
+        window.record(late, t / 1000.0)
+        back = at + service[i] + scn.reply_ms  # the result is the gateway's idle signal
+        response[i] = back - arrivals[i]
+        heapq.heappush(events, (back, _DONE, backends.index(b)))
+
+    def dispatch(t: float) -> None:
+        for b in routable:
+            if not waiting:
+                return
+            if not b.busy:
+                start(b, waiting.popleft(), t)
+        # A request about to miss its deadline goes to a warm backend not in use (Swayam
+        # §4.1: frontends "instantaneously transition warm-not-in-use backends to warm-in-use
+        # backends by sending them requests" when load rises unexpectedly).
+        for b in spare:
+            if not waiting or t - arrivals[waiting[0]] < budget_ms - scn.send_ms:
+                return
+            if not b.busy and b.retired_s is None:
+                start(b, waiting.popleft(), t)
+
+    while events:
+        t, kind, i = heapq.heappop(events)
+        now_s = t / 1000.0
+        if kind == _ARRIVE:
+            arrived_in_interval += 1
+            waiting.append(i)
+            dispatch(t)
+            continue
+        if kind == _DONE:
+            backends[i].busy = False
+            assert backends[i].idle is not None
+            backends[i].idle.task(now_s)
+            dispatch(t)
+            continue
+        # _DECIDE
+        rate = arrived_in_interval / scn.interval_s
+        arrived_in_interval = 0
+        started = [b for b in backends if b.retired_s is None]
+        if policy == "swayam":
+            swayam.observe(now_s, rate, quantiles)
+            d = swayam.decide(now_s, len(started))
+            for _ in range(d.delta):
+                add_backend(now_s, now_s + scn.setup_s)
+            if d.delta:
+                actions.append({"time_s": now_s, "delta": d.delta, "reason": d.reason})
+        elif window.count(now_s) >= scn.window_tasks // 4:
+            ratio = window.ratio(now_s)
+            d = threshold.decide(ratio, target_n, now_s)
+            if d.delta:
+                actions.append(
+                    {"time_s": now_s, "delta": d.delta, "reason": d.reason, "miss_ratio": ratio}
+                )
+                window = MissRatioWindow(window_tasks=scn.window_tasks)
+            for _ in range(max(0, d.delta)):
+                add_backend(now_s, now_s + scn.setup_s)
+            target_n = d.replicas
+        warm = {b.bid: b for b in backends if b.retired_s is None and b.ready_s <= now_s}
+        n = swayam.in_use if policy == "swayam" else target_n
+        ordered = [warm[bid] for bid in backend_order(list(warm))]
+        routable, spare = ordered[:n], ordered[n:]
+        in_route = {b.bid for b in routable}
+        # Passive scale-in: a warm backend outside the routable set idles and retires itself.
+        for b in warm.values():
+            assert b.idle is not None
+            if b.bid not in in_route and b.idle.should_decommission(now_s, int(b.busy)):
+                b.retired_s = now_s
+        dispatch(t)
+        timeline.append(
+            {
+                "time_s": now_s,
+                "rate_per_s": rate,
+                "warm": sum(1 for b in warm.values() if b.retired_s is None),
+                "warming": sum(1 for b in backends if b.retired_s is None and b.ready_s > now_s),
+                "routable": len(routable),
+            }
+        )
+    end_s = scn.duration_s
+    seconds = sum(
+        (b.retired_s if b.retired_s is not None else end_s) - b.started_s for b in backends
+    )
+    return PoolResult(
+        policy,
+        np.asarray(response),
+        timeline,
+        actions,
+        backend_seconds=seconds,
+        miss_ratio=misses / max(1, len(arrivals)),
+    )
+
+
+def summary_rows(scn: PoolScenario, results: Sequence[PoolResult]) -> list[list[object]]:
+    """One table row per policy: compliance, p-th response, backend-seconds, peak, misses."""
+    rows: list[list[object]] = []
+    for r in results:
+        rows.append(
+            [
+                r.policy,
+                f"{r.compliance(scn):.1%}",
+                f"{np.percentile(r.response_ms, scn.percentile):.2f}",
+                f"{r.backend_seconds:.0f}",
+                max(int(p["warm"]) for p in r.timeline),
+                len(r.actions),
+                f"{r.miss_ratio:.2%}",
+            ]
+        )
+    return rows
+
+
+def load_pool_scenario(path: str | Path, data_dir: str | Path | None = None) -> PoolScenario:
+    """Load a pool scenario TOML; a relative service path resolves as in sim scenarios."""
+    import tomllib
+    from dataclasses import replace
+
+    from deploy.config import ConfigError, build
+
+    p = Path(path)
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError("", f"cannot read scenario: {exc.strerror}", str(p)) from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError("", f"not valid TOML: {exc}", str(p)) from exc
+    data.setdefault("name", p.stem)
+    try:
+        scn = build(PoolScenario, data)
+    except ConfigError as exc:
+        raise ConfigError(exc.key, exc.message, str(p)) from None
+    if data_dir is not None and scn.service.path:
+        name = Path(scn.service.path).name
+        scn = replace(scn, service=replace(scn.service, path=str(Path(data_dir) / name)))
+    return scn
