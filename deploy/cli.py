@@ -1,4 +1,4 @@
-"""The ``tailgate`` command: up, gateway, taskserver, query, config."""
+"""The ``tailgate`` command: up, gateway, taskserver, edge-agent, query, config."""
 
 from __future__ import annotations
 
@@ -10,12 +10,14 @@ import json
 import logging
 import signal
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Coroutine, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from deploy.config import ConfigError, TailgateConfig, load_config
+if TYPE_CHECKING:
+    from deploy.config import TailgateConfig
+
+# Imports of our packages sit inside the command handlers: `tailgate edge-agent` runs on a
+# Raspberry Pi, and every module imported here is resident memory there.
 
 log = logging.getLogger("tailgate")
 
@@ -47,6 +49,8 @@ def _announce(line: str) -> None:
 
 
 def _load(args: argparse.Namespace) -> TailgateConfig:
+    from deploy.config import load_config
+
     return load_config(args.config)
 
 
@@ -127,6 +131,109 @@ def cmd_taskserver(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_edge_agent_run(args: argparse.Namespace) -> int:
+    """Run one edge agent (imports stay here: the agent's path must stay Pi-light)."""
+    import os
+
+    from edge_agent.config import AgentConfigError, load_agent_config
+
+    try:
+        cfg = load_agent_config(vars(args), os.environ)
+    except AgentConfigError as exc:
+        print(f"tailgate edge-agent run: {exc}", file=sys.stderr)
+        return 2
+    from edge_agent.agent import run_agent, tune_malloc
+    from edge_agent.store import StoreError
+
+    if args.exit_with_parent:
+        _exit_with_parent()
+    tune_malloc()  # before any thread starts: a Pi has little memory to lose to fragmentation
+    try:
+        run_async(run_agent(cfg, ready=_announce))
+    except (StoreError, OSError) as exc:
+        print(f"tailgate edge-agent run: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_edge_agent_seed(args: argparse.Namespace) -> int:
+    """Backfill an agent's store with simulated readings; print rows and rows/s."""
+    from edge_agent.backfill import seed_store
+    from edge_agent.config import AgentConfigError, option_of, parse_interval, parse_sensors
+    from edge_agent.store import StoreError
+
+    try:
+        interval_s = parse_interval(args.interval)
+        if interval_s < 1 or interval_s != int(interval_s):
+            raise AgentConfigError(
+                "--interval", f"must be a whole number of seconds >= 1s, got {args.interval!r}"
+            )
+        sensors = parse_sensors(args.sensors)
+        result = seed_store(
+            args.db, months=args.months, interval_s=int(interval_s), seed=args.seed, sensors=sensors
+        )
+    except AgentConfigError as exc:
+        print(f"tailgate edge-agent seed: {exc}", file=sys.stderr)
+        return 2
+    except StoreError as exc:
+        print(f"tailgate edge-agent seed: {exc}", file=sys.stderr)
+        return 1
+    except ValueError as exc:
+        name, _, message = str(exc).partition(": ")
+        print(f"tailgate edge-agent seed: {option_of(name)}: {message}", file=sys.stderr)
+        return 2
+    print(
+        f"seeded {result.rows} rows ({', '.join(sensors)} every {result.interval_s} s, "
+        f"{(result.end_s - result.start_s) / 86400:.0f} days) into {args.db} "
+        f"in {result.seconds:.2f} s: {result.rows_per_s:,.0f} rows/s",
+        flush=True,
+    )
+    return 0
+
+
+def _add_edge_agent_parser(sub: Any) -> None:
+    """`tailgate edge-agent run|seed`; values are checked by edge_agent.config (exit 2)."""
+    p = sub.add_parser("edge-agent", help="a Raspberry-Pi sensing agent: run, seed")
+    edge = p.add_subparsers(dest="edge_command", required=True)
+    r = edge.add_parser("run", help="serve sensing tasks from the local sensor store")
+    r.add_argument("--id", required=True, help="agent id the gateway knows it by")
+    r.add_argument("--cluster", required=True, help="cluster (site) label, e.g. wet-lab")
+    r.add_argument("--gateway", help="gateway URL to register with (default: do not register)")
+    r.add_argument("--host", help="Thrift bind address (127.0.0.1)")
+    r.add_argument("--port", type=int, help="Thrift port (9201; 0: any free port)")
+    r.add_argument("--advertise", help="host:port the gateway should dial (default: bound)")
+    r.add_argument("--pool", help="gateway pool (edge)")
+    r.add_argument("--db", help="store file or SQLAlchemy URL (edge-agent-ID.db)")
+    r.add_argument("--reader", help="simulated (default), iio or command")
+    r.add_argument("--sensors", help="simulated reader: sensors (temperature,humidity)")
+    r.add_argument("--iio-device", help="iio reader: device dir (/sys/bus/iio/devices/...)")
+    r.add_argument("--command", dest="reader_command", help="command reader: command line")
+    r.add_argument("--command-timeout-s", type=float, help="command reader: timeout (10)")
+    r.add_argument("--sample-interval-s", type=float, help="seconds between samples (60)")
+    r.add_argument("--retention-days", type=float, help="keep readings this long (548)")
+    r.add_argument("--prune-interval-s", type=float, help="seconds between prunes (3600)")
+    r.add_argument("--policy", help="task queue policy: tf-edfq (default), t-edfq, priq, fifo")
+    r.add_argument("--slots", type=int, help="tasks served at once (1)")
+    r.add_argument("--profile", help="emulated cluster: none, server-room, wet-lab, faculty, gta")
+    r.add_argument("--seed", type=int, help="seed of simulated readings and profile draws (0)")
+    r.add_argument("--token-file", help="registration token file (else $TAILGATE_AGENT_TOKEN)")
+    r.add_argument("--metrics-port", type=int, help="/metrics and /healthz port (0: none)")
+    r.add_argument("--register-interval-s", type=float, help="heartbeat period (3)")
+    r.add_argument(
+        "--exit-with-parent",
+        action="store_true",
+        help="stop when the process that started this one dies (Linux)",
+    )
+    r.set_defaults(func=cmd_edge_agent_run)
+    s = edge.add_parser("seed", help="backfill a store with simulated readings")
+    s.add_argument("--db", required=True, help="store file or SQLAlchemy URL")
+    s.add_argument("--months", type=float, default=18.0, help="months back from now (18)")
+    s.add_argument("--interval", default="5m", help="reading interval: 30s, 5m, 1h (5m)")
+    s.add_argument("--seed", type=int, default=0, help="seed of the simulated readings (0)")
+    s.add_argument("--sensors", default="temperature,humidity", help="comma-separated sensors")
+    s.set_defaults(func=cmd_edge_agent_seed)
+
+
 def cmd_gateway(args: argparse.Namespace) -> int:
     """Run the gateway."""
     from prometheus_client import CollectorRegistry
@@ -180,6 +287,9 @@ def _targets(args: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_query(args: argparse.Namespace) -> int:
     """Submit one query and print the answer."""
+    import urllib.error
+    import urllib.request
+
     body: dict[str, Any] = {"targets": _targets(args)}
     if args.slo_ms is not None:
         body["slo"] = {"percentile": args.percentile, "latency_ms": args.slo_ms}
@@ -222,12 +332,12 @@ def cmd_query(args: argparse.Namespace) -> int:
 def cmd_config(args: argparse.Namespace) -> int:
     """Validate a config file and print the effective configuration."""
     cfg = _load(args)
-    print(json.dumps(dataclasses.asdict(cfg), indent=2, default=str))
+    print(json.dumps(dataclasses.asdict(cfg.redacted()), indent=2, default=str))
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of every subcommand."""
+def build_parser(*, light: bool = False) -> argparse.ArgumentParser:
+    """The argument parser of every subcommand (light: leave out `sim`, for the edge agent)."""
     parser = argparse.ArgumentParser(prog="tailgate", description=__doc__)
     parser.add_argument(
         "--config", help="tailgate.toml (default: $TAILGATE_CONFIG, else built-in defaults)"
@@ -288,6 +398,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_service_args(p)
     p.set_defaults(func=cmd_taskserver)
 
+    _add_edge_agent_parser(sub)
+
     p = sub.add_parser("query", help="submit one query and print the answer")
     p.add_argument("--url", default="http://127.0.0.1:8080")
     p.add_argument("--class", dest="class_name", default="A")
@@ -301,9 +413,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=60.0)
     p.set_defaults(func=cmd_query)
 
-    from loadtests.sim.cli import add_parser as add_sim_parser
+    if not light:
+        from loadtests.sim.cli import add_parser as add_sim_parser
 
-    add_sim_parser(sub)
+        add_sim_parser(sub)
 
     p = sub.add_parser("config", help="validate the config and print the effective values")
     p.set_defaults(func=cmd_config)
@@ -312,14 +425,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``tailgate`` console script."""
-    parser = build_parser()
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config")
+    pre.add_argument("--log-level")
+    _, rest = pre.parse_known_args(argv)
+    parser = build_parser(light=bool(rest) and rest[0] == "edge-agent")
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
         return int(args.func(args) or 0)
-    except ConfigError as exc:
+    except Exception as exc:
+        from deploy.config import ConfigError
+
+        if not isinstance(exc, ConfigError):
+            raise
         print(f"tailgate: invalid configuration: {exc}", file=sys.stderr)
         return 2
 

@@ -17,11 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from aiohttp import ClientError, ClientSession, ClientTimeout, web
-
 from taskserver.config import TaskServerConfig
 from taskserver.executors import EmulatedExecutor, Executor, ExecutorError
 from taskserver.queues import Dequeued, QueuedTask, QueueFull, TaskQueue, create_task_queue
+from taskserver.registration import GatewayUnreachable, gateway_call
 from taskserver.service_time import make_distribution
 from taskserver.wire import (
     ONEWAY,
@@ -32,7 +31,8 @@ from taskserver.wire import (
     thrift,
 )
 
-if TYPE_CHECKING:  # prometheus_client is imported only when a metrics port is served
+if TYPE_CHECKING:  # prometheus_client and aiohttp.web only load when metrics are served
+    from aiohttp import web
     from prometheus_client import CollectorRegistry
 
     from taskserver.metrics import TaskServerMetrics
@@ -299,6 +299,7 @@ def build_service(
 
 
 def _metrics_app(service: TaskService, registry: CollectorRegistry) -> web.Application:
+    from aiohttp import web
     from prometheus_client import generate_latest
     from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -345,19 +346,18 @@ async def _register_forever(config: TaskServerConfig, address: str, slots: int) 
     }
     if config.cluster:
         body["cluster"] = config.cluster
-    async with ClientSession(
-        timeout=ClientTimeout(total=5), headers=auth_headers(config)
-    ) as session:
-        while True:
-            try:
-                async with session.post(url, json=body) as resp:
-                    if resp.status == 401:
-                        log.error("registration refused: wrong or missing token (401)")
-                    elif resp.status >= 400:
-                        log.warning("registration refused (%s): %s", resp.status, await resp.text())
-            except (TimeoutError, ClientError, OSError) as exc:
-                log.info("gateway %s not reachable yet: %s", url, exc)
-            await asyncio.sleep(config.register_interval_s)
+    headers = auth_headers(config)
+    while True:
+        try:
+            status, text = await gateway_call("POST", url, body, headers)
+        except GatewayUnreachable as exc:
+            log.info("gateway %s not reachable yet: %s", url, exc)
+        else:
+            if status == 401:
+                log.error("registration refused: wrong or missing token (401)")
+            elif status >= 400:
+                log.warning("registration refused (%s): %s", status, text)
+        await asyncio.sleep(config.register_interval_s)
 
 
 async def _retire_when_idle(service: TaskService, config: TaskServerConfig) -> None:
@@ -371,12 +371,8 @@ async def _retire_when_idle(service: TaskService, config: TaskServerConfig) -> N
             )
             if config.gateway_url:
                 url = f"{config.gateway_url.rstrip('/')}/v1/servers/{config.server_id}"
-                with contextlib.suppress(ClientError, OSError, asyncio.TimeoutError):
-                    async with (
-                        ClientSession(timeout=ClientTimeout(total=5)) as s,
-                        s.delete(url, headers=auth_headers(config)),
-                    ):
-                        pass
+                with contextlib.suppress(GatewayUnreachable):
+                    await gateway_call("DELETE", url, headers=auth_headers(config))
             return
 
 
@@ -400,6 +396,8 @@ async def serve(
     background: list[asyncio.Task[None]] = []
     try:
         if registry is not None:
+            from aiohttp import web
+
             runner = web.AppRunner(_metrics_app(service, registry), access_log=None)
             await runner.setup()
             await web.TCPSite(runner, config.host, config.metrics_port).start()

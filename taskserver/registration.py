@@ -1,0 +1,50 @@
+"""Talking to the gateway's registration API with the standard library only.
+
+A task server registers (POST /v1/servers) every interval, which doubles as its heartbeat,
+and deregisters (DELETE) when it retires. The calls are rare and tiny, so they run through
+urllib in a worker thread: edge agents on a Raspberry Pi then need no HTTP client library
+in memory (aiohttp alone is about 10 MiB of resident memory).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+__all__ = ["GatewayUnreachable", "gateway_call"]
+
+
+class GatewayUnreachable(Exception):
+    """The gateway did not answer (connection refused, timeout, bad URL)."""
+
+
+def _call(
+    method: str, url: str, body: Any, headers: dict[str, str], timeout_s: float
+) -> tuple[int, str]:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method)
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    for k, v in headers.items():
+        req.add_header(k, v)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            return resp.status, resp.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode("utf-8", "replace")
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise GatewayUnreachable(str(getattr(exc, "reason", exc))) from exc
+
+
+async def gateway_call(
+    method: str,
+    url: str,
+    body: Any = None,
+    headers: dict[str, str] | None = None,
+    timeout_s: float = 5.0,
+) -> tuple[int, str]:
+    """One HTTP call to the gateway: (status, body text); GatewayUnreachable if none came."""
+    return await asyncio.to_thread(_call, method, url, body, headers or {}, timeout_s)
