@@ -267,6 +267,9 @@ def cmd_up(args: argparse.Namespace) -> int:
         metrics=args.metrics_ports,
         autoscale=args.autoscale,
         max_servers=args.max_servers,
+        edge_data=args.edge_data,
+        edge_months=args.edge_months,
+        edge_profiles=args.edge_profiles,
     )
     try:
         opts.validate()
@@ -353,7 +356,7 @@ def build_parser(*, light: bool = False) -> argparse.ArgumentParser:
         "--edge-agents",
         type=int,
         default=0,
-        help="emulated edge agents in pool 'edge' (central queueing) (0)",
+        help="edge agents in pool 'edge' (central queueing), four clusters (0)",
     )
     p.add_argument("--port", type=int, default=8080, help="gateway HTTP port (8080)")
     p.add_argument("--host", default="127.0.0.1", help="gateway bind address (127.0.0.1)")
@@ -370,6 +373,20 @@ def build_parser(*, light: bool = False) -> argparse.ArgumentParser:
         help="scale pool 'default' on the task deadline-miss ratio ([autoscaling] in the config)",
     )
     p.add_argument("--max-servers", type=int, help="autoscaling: most task servers")
+    p.add_argument(
+        "--edge-data",
+        default="tailgate-edge-data",
+        help="folder of the edge agents' sensor stores, kept between runs (tailgate-edge-data)",
+    )
+    p.add_argument(
+        "--edge-months", type=int, default=18, help="months of readings seeded into new stores"
+    )
+    p.add_argument(
+        "--no-edge-profiles",
+        dest="edge_profiles",
+        action="store_false",
+        help="do not emulate the four clusters' latency profiles",
+    )
     p.set_defaults(func=cmd_up)
 
     p = sub.add_parser("gateway", help="run the gateway")

@@ -4,6 +4,11 @@ Every child is described by a ``ChildSpec`` built in one function per kind:
 ``taskserver_spec`` for pool "default" and ``edge_agent_spec`` for pool "edge".
 The children register themselves with the gateway, sending the registration
 token ``up`` passes them in their environment.
+
+Edge agents are real ``tailgate edge-agent run`` processes, each on its own sensor
+store in ``--edge-data`` (seeded with ``--edge-months`` of simulated readings the
+first time, reused afterwards), in four clusters of the Sensing-as-a-Service
+testbed whose latency profiles emulate the paper's heterogeneous Pis on loopback.
 """
 
 from __future__ import annotations
@@ -18,7 +23,6 @@ import os
 import secrets
 import signal
 import sys
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,11 +31,12 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from deploy.config import ENV_TOKEN, TailgateConfig
-from taskserver.config import TaskServerConfig
 
 log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 30.0
+AGENT_START_S = 2.0
+"""Extra start-up allowance per edge agent (each imports SQLAlchemy and opens its store)."""
 EDGE_CLUSTERS = ("server-room", "wet-lab", "faculty", "gta")
 """Clusters of the emulated Sensing-as-a-Service testbed, assigned to edge servers in blocks."""
 
@@ -49,6 +54,12 @@ class UpOptions:
     metrics: bool = False
     autoscale: bool = False
     max_servers: int | None = None
+    edge_data: str = "tailgate-edge-data"
+    """Folder of the edge agents' sensor stores (kept between runs)."""
+    edge_months: int = 18
+    """Months of readings seeded into a new store."""
+    edge_profiles: bool = True
+    """Emulate each cluster's latency profile (the SaaS testbed's heterogeneity)."""
 
     def validate(self) -> None:
         """Raise ValueError naming the bad option."""
@@ -72,6 +83,8 @@ class UpOptions:
             raise ValueError("--autoscale needs --servers >= 1 (the starting replica count)")
         if self.slots is not None and self.slots < 1:
             raise ValueError(f"--slots: must be >= 1, got {self.slots}")
+        if not 1 <= self.edge_months <= 120:
+            raise ValueError(f"--edge-months: must be 1..120, got {self.edge_months}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,60 +152,103 @@ def edge_cluster(index: int, count: int) -> str:
     return EDGE_CLUSTERS[min(index // block, len(EDGE_CLUSTERS) - 1)]
 
 
+def edge_store(opts: UpOptions, index: int) -> Path:
+    """Sensor store of edge-(index+1)."""
+    return Path(opts.edge_data) / f"edge-{index + 1}.db"
+
+
 def edge_agent_spec(
     cfg: TailgateConfig,
     opts: UpOptions,
     index: int,
     url: str,
     token: str,
-    workdir: Path,
     metrics_index: int,
 ) -> ChildSpec:
-    """Edge server edge-(index+1) of pool "edge", labelled with its cluster.
-
-    For now an emulated sensing agent: a task server drawing service times from the edge
-    pool's prior, its cluster given in a [taskserver] table written to workdir.
-    """
+    """Edge agent edge-(index+1) of pool "edge", in its cluster, on its own store."""
     sid = f"edge-{index + 1}"
     cluster = edge_cluster(index, opts.edge_agents)
-    config_path = workdir / f"edge-{cluster}.toml"
-    if not config_path.exists():
-        ts = dataclasses.replace(cfg.taskserver, cluster=cluster, token=None)
-        config_path.write_text(taskserver_toml(ts), encoding="utf-8")
-    argv = _taskserver_argv(str(config_path), opts, sid, "edge", url, metrics_index)
-    edge = cfg.gateway.pool_named("edge")
-    if edge is not None:
-        # The edge pool's prior, so that the gateway's CDFs start right.
-        spec = edge.prior
-        argv += ["--service-kind", spec.kind]
-        for name in ("mean_ms", "median_ms", "sigma", "value_ms", "path", "scale"):
-            value = getattr(spec, name, None)
-            if value is not None:
-                argv += [f"--service-{name.replace('_', '-')}", str(value)]
+    argv = [
+        *_cli(cfg.source),
+        "edge-agent",
+        "run",
+        "--exit-with-parent",
+        "--id",
+        sid,
+        "--cluster",
+        cluster,
+        "--host",
+        opts.host,
+        "--port",
+        "0",
+        "--gateway",
+        url,
+        "--db",
+        str(edge_store(opts, index)),
+        "--seed",
+        str(index + 1),
+        "--profile",
+        cluster if opts.edge_profiles else "none",
+    ]
+    if opts.policy:
+        argv += ["--policy", opts.policy]
+    if opts.metrics:
+        argv += ["--metrics-port", str(opts.port + 100 + metrics_index)]
     return ChildSpec(sid, "edge", tuple(argv), cluster=cluster, env={ENV_TOKEN: token})
 
 
-def taskserver_toml(ts: TaskServerConfig) -> str:
-    """A [taskserver] table that loads back to ts (None values left out)."""
+def _missing_stores(opts: UpOptions) -> list[int]:
+    """Indexes of the agents without a store yet (creating the folder)."""
+    Path(opts.edge_data).mkdir(parents=True, exist_ok=True)
+    return [i for i in range(opts.edge_agents) if not edge_store(opts, i).exists()]
 
-    def table(name: str, values: dict[str, Any]) -> list[str]:
-        lines, subtables = [f"[{name}]"], []
-        for key, value in values.items():
-            if value is None:
-                continue
-            if isinstance(value, dict):
-                subtables += ["", *table(f"{name}.{key}", value)]
-            elif isinstance(value, bool):
-                lines.append(f"{key} = {str(value).lower()}")
-            elif isinstance(value, int | float):
-                lines.append(f"{key} = {value!r}")
-            elif isinstance(value, str):
-                lines.append(f"{key} = {json.dumps(value)}")  # a valid TOML basic string
-            else:
-                raise TypeError(f"taskserver.{key}: cannot write {value!r} as TOML")
-        return lines + subtables
 
-    return "\n".join(table("taskserver", dataclasses.asdict(ts))) + "\n"
+async def seed_edge_stores(cfg: TailgateConfig, opts: UpOptions) -> None:
+    """Seed each missing store with edge_months of readings, a few at a time.
+
+    A store is written under a temporary name and renamed when complete, so an
+    interrupted seed never leaves a half-filled store that looks ready.
+    """
+    missing = _missing_stores(opts)
+    if not missing:
+        return
+    print(
+        f"tailgate: seeding {len(missing)} edge store(s) in {opts.edge_data} with "
+        f"{opts.edge_months} months of readings (first run only)",
+        file=sys.stderr,
+        flush=True,
+    )
+    limit = asyncio.Semaphore(max(1, os.cpu_count() or 1))
+
+    async def seed(i: int) -> None:
+        final = edge_store(opts, i)
+        partial = final.with_name(final.name + ".seeding")
+        for leftover in final.parent.glob(partial.name + "*"):
+            leftover.unlink()
+        async with limit:
+            proc = await asyncio.create_subprocess_exec(
+                *_cli(cfg.source),
+                "edge-agent",
+                "seed",
+                "--db",
+                str(partial),
+                "--months",
+                str(opts.edge_months),
+                "--interval",
+                "5m",
+                "--seed",
+                str(i + 1),
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.PIPE,
+            )
+            _, err = await proc.communicate()
+        if proc.returncode != 0:
+            raise SystemExit(
+                f"tailgate up: seeding {final} failed: {err.decode(errors='replace').strip()}"
+            )
+        partial.rename(final)
+
+    await asyncio.gather(*(seed(i) for i in missing))
 
 
 async def _stop(procs: list[asyncio.subprocess.Process]) -> None:
@@ -230,6 +286,12 @@ async def up(cfg: TailgateConfig, opts: UpOptions) -> None:
         gw_cfg = dataclasses.replace(gw_cfg, autoscaling=scaling)
     if opts.edge_agents and gw_cfg.pool_named("edge") is None:
         raise SystemExit("tailgate up: --edge-agents needs a pool named 'edge' in the config")
+    if opts.policy:
+        # The policy also orders the queues the gateway holds for central pools (edge agents).
+        pools = tuple(dataclasses.replace(p, policy=opts.policy) for p in gw_cfg.pools)
+        gw_cfg = dataclasses.replace(gw_cfg, pools=pools)
+    if opts.edge_agents:
+        await seed_edge_stores(cfg, opts)
     # Registration is never open here: a configured token, else one for this run only.
     token = gw_cfg.token or secrets.token_urlsafe(32)
     gw_cfg = dataclasses.replace(gw_cfg, token=token)
@@ -237,8 +299,6 @@ async def up(cfg: TailgateConfig, opts: UpOptions) -> None:
     runner = web.AppRunner(create_app(service), access_log=None)
     await runner.setup()
     procs: list[asyncio.subprocess.Process] = []
-    # Edge servers' config tables live here while they run (none without edge servers).
-    workdir = tempfile.TemporaryDirectory(prefix="tailgate-up-") if opts.edge_agents else None
     try:
         try:
             await web.TCPSite(runner, opts.host, opts.port).start()
@@ -253,9 +313,8 @@ async def up(cfg: TailgateConfig, opts: UpOptions) -> None:
         n_default = 0 if opts.autoscale else opts.servers
         specs = [taskserver_spec(cfg, opts, i, url, token) for i in range(n_default)]
         specs += [
-            edge_agent_spec(cfg, opts, i, url, token, Path(workdir.name), n_default + i)
+            edge_agent_spec(cfg, opts, i, url, token, n_default + i)
             for i in range(opts.edge_agents)
-            if workdir is not None
         ]
         for spec in specs:
             env = {**os.environ, "PYTHONUNBUFFERED": "1", **spec.env}
@@ -268,7 +327,12 @@ async def up(cfg: TailgateConfig, opts: UpOptions) -> None:
         if opts.autoscale:
             extra = ["--policy", opts.policy] if opts.policy else []
             await service.enable_autoscaler(url, extra, initial=opts.servers, slots=opts.slots or 1)
-        await _wait_ready(service, len(specs) + (opts.servers if opts.autoscale else 0), procs)
+        await _wait_ready(
+            service,
+            len(specs) + (opts.servers if opts.autoscale else 0),
+            procs,
+            START_TIMEOUT_S + AGENT_START_S * opts.edge_agents,
+        )
         _banner(url, opts, token_given=cfg.gateway.token is not None)
         while True:
             await asyncio.sleep(1.0)
@@ -279,16 +343,14 @@ async def up(cfg: TailgateConfig, opts: UpOptions) -> None:
     finally:
         await _stop(procs)
         await runner.cleanup()
-        if workdir is not None:
-            workdir.cleanup()
         print("tailgate: stopped", file=sys.stderr)
 
 
 async def _wait_ready(
-    service: object, expected: int, procs: list[asyncio.subprocess.Process]
+    service: object, expected: int, procs: list[asyncio.subprocess.Process], timeout_s: float
 ) -> None:
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + START_TIMEOUT_S
+    deadline = loop.time() + timeout_s
     links = service.links  # type: ignore[attr-defined]
     while loop.time() < deadline:
         up = sum(1 for lk in links.values() if lk.is_up)
@@ -300,7 +362,7 @@ async def _wait_ready(
         await asyncio.sleep(0.1)
     raise SystemExit(
         f"tailgate up: only {sum(1 for lk in links.values() if lk.is_up)} of "
-        f"{expected} task servers came up within {START_TIMEOUT_S:g} s"
+        f"{expected} task servers came up within {timeout_s:g} s"
     )
 
 
@@ -308,7 +370,9 @@ def _banner(url: str, opts: UpOptions, *, token_given: bool) -> None:
     pool, n = ("default", opts.servers) if opts.servers else ("edge", opts.edge_agents)
 
     def curl(targets: dict[str, Any], cls: str = "A") -> str:
-        body = json.dumps({"class": cls, "targets": targets, "task": {}})
+        # Edge agents answer sensing tasks; emulated task servers take any payload.
+        task = {"op": "latest", "sensor": "temperature"} if targets.get("pool") == "edge" else {}
+        body = json.dumps({"class": cls, "targets": targets, "task": task})
         return f"curl -s -X POST {url}/v1/queries -H 'Content-Type: application/json' -d '{body}'"
 
     clusters = sorted(

@@ -375,13 +375,14 @@ class GatewayService:
             "merge_ms": round((now - run.t_last) * 1000.0, 4) if not run.expired else 0.0,
         }
         headers: dict[str, str] = {}
+        ok_tasks = sum(1 for o in outcomes if o.status == OK)
+        if ok_tasks:
+            # Tasks that ran feed the window whatever became of their siblings.
+            self.guard.record_tasks(run.misses, ok_tasks, cls)
         if statuses == {OK}:
             status = 200
             outcome = "met" if body["met_slo"] else "missed_slo"
             self.guard.record_query(cls, latency_ms, req.slo_ms)
-        ok_tasks = sum(1 for o in outcomes if o.status == OK)
-        if ok_tasks:
-            self.guard.record_tasks(run.misses, ok_tasks, cls)
             self.metrics.query_latency.labels(cls, fanout_bucket(run.fanout)).observe(
                 latency_ms / 1000.0
             )
@@ -394,7 +395,7 @@ class GatewayService:
                     f"query not complete at SLO + grace "
                     f"({req.slo_ms:g} + {self.config.grace_ms:g} ms)"
                 )
-            elif all(o.status == "rejected" for o in bad):
+            elif bad and all(o.status == "rejected" for o in bad):
                 status, code, outcome = 503, "task_rejected", "rejected"
                 message = f"server {first.server} rejected its task: {first.error}"
                 headers["Retry-After"] = str(self.config.retry_after_s)

@@ -237,6 +237,40 @@ async def test_query_past_slo_plus_grace_gets_504_and_is_cancelled(
     assert body["latency_ms"] < 100
 
 
+async def test_a_timeout_beside_finished_siblings_still_answers_json(
+    cluster: Cluster, http: aiohttp.ClientSession
+) -> None:
+    gw = cluster.gateway("[gateway]\ngrace_ms = 200\n")
+    await _servers(cluster, http, gw, 2, "--slots", "1")
+    # ts-2's only slot is busy for 1.5 s, so the second query's task there cannot finish
+    # while its sibling on ts-1 does: a mixed outcome, answered 504 with a JSON body.
+    blocker = asyncio.create_task(
+        query(
+            http,
+            gw,
+            {
+                "slo": {"percentile": 99, "latency_ms": 3000},
+                "targets": {"servers": ["ts-2"]},
+                "task": {"service_ms": 1_500},
+            },
+        )
+    )
+    await asyncio.sleep(0.1)
+    status, body, _ = await query(
+        http,
+        gw,
+        {
+            "slo": {"percentile": 99, "latency_ms": 300},
+            "targets": {"servers": ["ts-1", "ts-2"]},
+            "task": {"service_ms": 1},
+        },
+    )
+    assert status == 504, body
+    assert body["error"]["code"] == "query_timeout"
+    assert sorted(t["status"] for t in body["tasks"]) == ["ok", "timeout"]
+    assert (await blocker)[0] == 200
+
+
 async def test_failing_task_gives_502_with_reason(
     cluster: Cluster, http: aiohttp.ClientSession
 ) -> None:

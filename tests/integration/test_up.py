@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -34,7 +35,7 @@ def _post(url: str, body: dict, headers: dict | None = None) -> tuple[int, dict]
         return e.code, json.loads(e.read())
 
 
-def test_up_serves_both_pools_and_ctrl_c_stops_everything() -> None:
+def test_up_serves_both_pools_and_ctrl_c_stops_everything(tmp_path: Path) -> None:
     port = free_port()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     for name in ("TAILGATE_CONFIG", "TAILGATE_AGENT_TOKEN", "TAILGATE_AGENT_TOKEN_FILE"):
@@ -51,6 +52,10 @@ def test_up_serves_both_pools_and_ctrl_c_stops_everything() -> None:
             "3",
             "--edge-agents",
             "2",
+            "--edge-data",
+            str(tmp_path / "edge"),
+            "--edge-months",
+            "1",
             "--port",
             str(port),
         ],
@@ -63,7 +68,7 @@ def test_up_serves_both_pools_and_ctrl_c_stops_everything() -> None:
     )
     try:
         banner = []
-        deadline = time.monotonic() + 40
+        deadline = time.monotonic() + 60
         assert proc.stdout is not None
         while time.monotonic() < deadline:
             line = proc.stdout.readline()
@@ -99,12 +104,22 @@ def test_up_serves_both_pools_and_ctrl_c_stops_everything() -> None:
         )
         assert status == 200, ans
         assert ans["fanout"] == 3
-        status, ans = _post(url, {"class": "C", "targets": {"pool": "edge", "all": True}})
+        latest = {"op": "latest", "sensor": "temperature"}
+        status, ans = _post(
+            url, {"class": "C", "targets": {"pool": "edge", "all": True}, "task": latest}
+        )
         assert status == 200, ans
         assert sorted(t["server"] for t in ans["tasks"]) == ["edge-1", "edge-2"]
-        # Emulated sensing agents draw from the edge pool's profile (lognormal, median 20 ms).
-        assert all(t["service_ms"] > 1.0 for t in ans["tasks"])
-        status, ans = _post(url, {"class": "C", "targets": {"pool": "edge", "per_cluster": 1}})
+        # Real agents on their seeded stores, each answering from its own readings.
+        assert {t["result"]["agent"] for t in ans["tasks"]} == {"edge-1", "edge-2"}
+        assert all(isinstance(t["result"]["value"], float) for t in ans["tasks"])
+        assert sorted(p.name for p in (tmp_path / "edge").glob("*.db")) == [
+            "edge-1.db",
+            "edge-2.db",
+        ]
+        status, ans = _post(
+            url, {"class": "C", "targets": {"pool": "edge", "per_cluster": 1}, "task": latest}
+        )
         assert status == 200, ans
         assert sorted(t["server"] for t in ans["tasks"]) == ["edge-1", "edge-2"]
         # The bundled client: an answer on stdout, exit 0; a bad query names the field, exit 1.

@@ -255,19 +255,3 @@ def test_bad_tokens_name_their_source_without_quoting_them(
     assert words in err.value.message
     for secret in ("two words", "has space", "bad token"):
         assert secret not in str(err.value)
-
-
-def test_taskserver_table_written_for_edge_servers_loads_back() -> None:
-    import tomllib
-
-    from deploy.launcher import taskserver_toml
-    from taskserver.config import TaskServerConfig
-    from taskserver.service_time import ServiceSpec
-
-    ts = TaskServerConfig(
-        policy="priq",
-        seed=4,
-        cluster="server-room",
-        service=ServiceSpec(kind="lognormal", median_ms=20.0, sigma=0.4),
-    )
-    assert parse_config(tomllib.loads(taskserver_toml(ts))).taskserver == ts
