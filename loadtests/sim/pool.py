@@ -24,7 +24,7 @@ import math
 import random
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +37,8 @@ from admission import (
     backend_order,
     estimate_backends,
 )
+from deploy.config import ConfigError, build
+from loadtests.sim.scenario import read_scenario_toml
 from loadtests.sim.workload import sample_service_ms
 from taskserver.service_time import ServiceSpec, make_distribution
 
@@ -349,20 +351,9 @@ def summary_rows(scn: PoolScenario, results: Sequence[PoolResult]) -> list[list[
 
 
 def load_pool_scenario(path: str | Path, data_dir: str | Path | None = None) -> PoolScenario:
-    """Load a pool scenario TOML; a relative service path resolves as in sim scenarios."""
-    import tomllib
-    from dataclasses import replace
-
-    from deploy.config import ConfigError, build
-
+    """Load a pool scenario TOML; the service file is looked up in data_dir when given."""
     p = Path(path)
-    try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError("", f"cannot read scenario: {exc.strerror}", str(p)) from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError("", f"not valid TOML: {exc}", str(p)) from exc
-    data.setdefault("name", p.stem)
+    data = read_scenario_toml(p)
     try:
         scn = build(PoolScenario, data)
     except ConfigError as exc:

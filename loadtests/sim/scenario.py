@@ -361,8 +361,8 @@ def _resolve_paths(scn: Scenario, base_dir: Path | None) -> Scenario:
     return replace(scn, service=service, arrivals=arrivals)
 
 
-def load_scenario(path: str | Path) -> Scenario:
-    """Load a scenario file; errors name the file and the key."""
+def read_scenario_toml(path: str | Path) -> dict[str, Any]:
+    """A scenario file's TOML document, named after the file unless it names itself."""
     p = Path(path)
     try:
         data = tomllib.loads(p.read_text(encoding="utf-8"))
@@ -371,4 +371,9 @@ def load_scenario(path: str | Path) -> Scenario:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError("", f"not valid TOML: {exc}", str(p)) from exc
     data.setdefault("name", p.stem)
-    return parse_scenario(data, str(p), p.parent)
+    return data
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Load a scenario file; errors name the file and the key."""
+    return parse_scenario(read_scenario_toml(path), str(path), Path(path).parent)
