@@ -56,7 +56,14 @@ def _gateway(c: Cluster, port: int = 0) -> Proc:
 
 
 def _agent(
-    c: Cluster, template: Path, gw: Proc, n: int, cluster: str, *, token: str = TOKEN
+    c: Cluster,
+    template: Path,
+    gw: Proc,
+    n: int,
+    cluster: str,
+    *,
+    token: str = TOKEN,
+    profile: str = "none",
 ) -> Proc:
     db = c.tmp_path / f"pi-{n}.db"
     if not db.exists():
@@ -76,6 +83,8 @@ def _agent(
         gw.url,
         "--register-interval-s",
         "0.3",
+        "--profile",
+        profile,
     ]
     p = start_cli(args, env={"TAILGATE_AGENT_TOKEN": token})
     c.procs.append(p)
@@ -144,7 +153,8 @@ async def test_a_killed_agent_is_marked_down_and_its_queries_fail_fast(
     cluster: Cluster, http: aiohttp.ClientSession, template_store: Path
 ) -> None:
     gw = _gateway(cluster)
-    agent = _agent(cluster, template_store, gw, 0, "wet-lab")
+    # The server-room profile: about 80 ms per task, so ten queued tasks take ~0.8 s.
+    agent = _agent(cluster, template_store, gw, 0, "server-room", profile="server-room")
     await _up(http, gw, {"pi-0"})
     body = {"slo": SLO, "targets": {"servers": ["pi-0"]}, "task": _week()}
     # Ten queries for one agent: the gateway holds them in that agent's queue and sends one
