@@ -91,7 +91,7 @@ class GatewayMetrics:
         self.queries = Counter(
             "tailgate_queries_total",
             "Queries answered, by class and outcome "
-            "(met, missed_slo, failed, timeout, rejected, unreachable).",
+            "(met, missed_slo, failed, dropped, timeout, rejected, unreachable).",
             ["class", "outcome"],
             registry=registry,
         )
@@ -117,6 +117,13 @@ class GatewayMetrics:
             "tailgate_admission_rejections_total",
             "Queries rejected by admission control, by class and reason.",
             ["class", "reason"],
+            registry=registry,
+        )
+        self.saved_tasks = Counter(
+            "tailgate_tasks_cancelled_after_drop_total",
+            "Sibling tasks cancelled because a task of their query was dropped (PARD): work "
+            "no server spends on a query that is already lost.",
+            ["pool"],
             registry=registry,
         )
         self.inflight = Gauge(

@@ -12,9 +12,10 @@ OK = "ok"
 FAILED = "failed"
 CANCELLED = "cancelled"
 REJECTED = "rejected"
+DROPPED = "dropped"
 LOST = "lost"
 TIMEOUT = "timeout"
-WIRE_STATUS = {0: OK, 1: FAILED, 2: CANCELLED, 3: REJECTED}
+WIRE_STATUS = {0: OK, 1: FAILED, 2: CANCELLED, 3: REJECTED, 4: DROPPED}
 
 
 @dataclass(slots=True)

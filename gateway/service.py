@@ -28,7 +28,16 @@ from gateway.errors import NotFound, SloUnreachableError, Unavailable
 from gateway.links import LinkDown, PendingTask, ServerLink
 from gateway.metrics import GatewayMetrics, fanout_bucket
 from gateway.overload import OverloadGuard
-from gateway.queries import CANCELLED, LOST, OK, TIMEOUT, WIRE_STATUS, QueryRun, TaskOutcome
+from gateway.queries import (
+    CANCELLED,
+    DROPPED,
+    LOST,
+    OK,
+    TIMEOUT,
+    WIRE_STATUS,
+    QueryRun,
+    TaskOutcome,
+)
 from gateway.requests import QueryRequest, RegisterRequest
 from gateway.targets import TargetPicker
 from taskserver.service_time import make_distribution
@@ -333,22 +342,36 @@ class GatewayService:
             finally:
                 timer.cancel()
             if run.expired or run.failed:
-                reason = "query timed out" if run.expired else "a sibling task failed"
-                self._abandon(run, links, reason)
+                dropped = any(o is not None and o.status == DROPPED for o in run.outcomes)
+                reason = (
+                    "query timed out"
+                    if run.expired
+                    else "a sibling task was dropped"
+                    if dropped
+                    else "a sibling task failed"
+                )
+                cancelled = self._abandon(run, links, reason)
+                if dropped and not run.expired:
+                    # PARD: no server keeps computing for a query that is already lost.
+                    for pool, n in cancelled.items():
+                        self.metrics.saved_tasks.labels(pool).inc(n)
         finally:
             self._inflight.pop(qid, None)
             self.metrics.inflight.dec()
         return self._answer(req, run, plan, links)
 
-    def _abandon(self, run: QueryRun, links: list[ServerLink], reason: str) -> None:
-        """Cancel every task of the query that has no outcome yet."""
+    def _abandon(self, run: QueryRun, links: list[ServerLink], reason: str) -> dict[str, int]:
+        """Cancel every task of the query that has no outcome yet; how many, per pool."""
         timed_out = run.expired
+        cancelled: dict[str, int] = {}
         for i, link in enumerate(links):
             if run.outcomes[i] is None:
                 link.cancel_query(run.query_id)
                 status = TIMEOUT if timed_out else CANCELLED
                 run.outcomes[i] = TaskOutcome(link.server_id, status, error=reason)
                 self.metrics.task_done(link.pool, status)
+                cancelled[link.pool] = cancelled.get(link.pool, 0) + 1
+        return cancelled
 
     def _answer(
         self, req: QueryRequest, run: QueryRun, plan: DeadlinePlan, links: list[ServerLink]
@@ -389,7 +412,15 @@ class GatewayService:
         else:
             bad = [o for o in outcomes if o.status not in (OK, CANCELLED)]
             first = bad[0] if bad else outcomes[0]
-            if TIMEOUT in statuses:
+            dropped = [o for o in outcomes if o.status == DROPPED]
+            if dropped:
+                # Dropped because it could not meet its deadline: like an overload rejection,
+                # retrying later may succeed.
+                status, code, outcome = 503, "task_dropped", "dropped"
+                message = f"task on server {dropped[0].server} dropped: {dropped[0].error}"
+                headers["Retry-After"] = str(self.config.retry_after_s)
+                body["cancelled_siblings"] = sum(1 for o in outcomes if o.status == CANCELLED)
+            elif TIMEOUT in statuses:
                 status, code, outcome = 504, "query_timeout", "timeout"
                 message = (
                     f"query not complete at SLO + grace "

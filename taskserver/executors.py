@@ -4,7 +4,9 @@ Errors::
 
     Exception
      └── ExecutorError   the payload was invalid or its execution failed; the message is
-                         sent back to the gateway as the task's error
+          │              sent back to the gateway as the task's error
+          └── TaskDropped  the executor dropped the task on purpose: it could not meet its
+                           latency budget (PARD); reported as DROPPED, not FAILED
 
 An executor is the extension point of the task server: EmulatedExecutor here, ONNX pipelines
 and sensing queries elsewhere, all behind `Executor.execute(payload) -> bytes`.
@@ -23,7 +25,7 @@ from typing import Literal
 
 from taskserver.service_time import ServiceTimeDistribution
 
-__all__ = ["EmulatedExecutor", "Executor", "ExecutorError"]
+__all__ = ["EmulatedExecutor", "Executor", "ExecutorError", "TaskDropped"]
 
 # asyncio timers fire through epoll, whose timeout has 1 ms granularity: sleep through the
 # loop until this close to the end, then yield to the loop until the exact time has come.
@@ -32,6 +34,10 @@ _SLEEP_MARGIN_S = 0.001
 
 class ExecutorError(Exception):
     """The task's payload or execution failed; the message goes back to the gateway."""
+
+
+class TaskDropped(ExecutorError):
+    """The task was dropped because it could not meet its latency budget."""
 
 
 class Executor(ABC):
@@ -69,7 +75,8 @@ class EmulatedExecutor(Executor):
 
     Payload (JSON object, b"" means {}): "service_ms" (number >= 0) fixes the service time,
     otherwise it is drawn from the distribution; "fail" (message) makes the task fail with
-    ExecutorError after its service time; "echo" is returned as is.
+    ExecutorError after its service time; "drop" (message) drops it at once with TaskDropped,
+    only on the servers listed in "drop_on" when given; "echo" is returned as is.
     Result: {"server": server_id, "service_ms": emulated ms rounded to µs, "echo": ...}.
     """
 
@@ -93,6 +100,7 @@ class EmulatedExecutor(Executor):
 
     async def execute(self, payload: bytes) -> bytes:
         request = _parse_payload(payload)
+        self._maybe_drop(request)
         service_ms = self._service_ms(request)
         failure = request.get("fail")
         if failure is not None and not isinstance(failure, str):
@@ -113,6 +121,19 @@ class EmulatedExecutor(Executor):
             return json.dumps(result).encode()
         # The common result, without a json.dumps per task: {"server": ..., "service_ms": ...}
         return b"%s%r}" % (self._result_prefix, round(service_ms, 3))
+
+    def _maybe_drop(self, request: dict) -> None:
+        """`drop` (a reason) drops the task at once, on the servers in `drop_on` if given."""
+        reason = request.get("drop")
+        if reason is None:
+            return
+        if not isinstance(reason, str):
+            raise ExecutorError(f"payload: drop must be a string, got {reason!r}")
+        on = request.get("drop_on")
+        if on is not None and (not isinstance(on, list) or not all(isinstance(x, str) for x in on)):
+            raise ExecutorError(f"payload: drop_on must be a list of server ids, got {on!r}")
+        if on is None or self.server_id in on:
+            raise TaskDropped(reason)
 
     def _service_ms(self, request: dict) -> float:
         if "service_ms" not in request:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from taskserver.config import TaskServerConfig
-from taskserver.executors import EmulatedExecutor, Executor, ExecutorError
+from taskserver.executors import EmulatedExecutor, Executor, ExecutorError, TaskDropped
 from taskserver.queues import Dequeued, QueuedTask, QueueFull, TaskQueue, create_task_queue
 from taskserver.registration import GatewayUnreachable, gateway_call
 from taskserver.service_time import make_distribution
@@ -39,7 +39,7 @@ if TYPE_CHECKING:  # prometheus_client and aiohttp.web only load when metrics ar
 
 log = logging.getLogger(__name__)
 
-_STATUS_NAMES = {0: "ok", 1: "failed", 2: "cancelled", 3: "rejected"}
+_STATUS_NAMES = {0: "ok", 1: "failed", 2: "cancelled", 3: "rejected", 4: "dropped"}
 
 
 @dataclass(slots=True)
@@ -159,6 +159,8 @@ class TaskService:
         status, result, error = 0, b"", None
         try:
             result = await self.executor.execute(task.payload or b"")
+        except TaskDropped as exc:
+            status, error = 4, str(exc)
         except ExecutorError as exc:
             status, error = 1, str(exc)
         except asyncio.CancelledError:

@@ -20,6 +20,7 @@ enum TaskStatus {
   FAILED = 1,      // executor raised; `error` says why
   CANCELLED = 2,   // removed by cancel(query_id) before or while running
   REJECTED = 3,    // the server refused it (draining, bad payload, queue full)
+  DROPPED = 4,     // dropped on purpose: it could not meet its deadline (PARD); `error` says where
 }
 
 struct Task {

@@ -271,6 +271,39 @@ async def test_a_timeout_beside_finished_siblings_still_answers_json(
     assert (await blocker)[0] == 200
 
 
+async def test_a_dropped_task_fails_the_query_at_once_and_cancels_its_siblings(
+    cluster: Cluster, http: aiohttp.ClientSession
+) -> None:
+    gw = cluster.gateway()
+    await _servers(cluster, http, gw, 3)
+    t0 = time.monotonic()
+    status, body, headers = await query(
+        http,
+        gw,
+        {
+            "slo": {"percentile": 99, "latency_ms": 5000},
+            "targets": {"servers": ["ts-1", "ts-2", "ts-3"]},
+            # ts-2 drops its task at once (as PARD does for a doomed request); the others
+            # would each compute for 3 s.
+            "task": {"service_ms": 3000, "drop": "budget exhausted", "drop_on": ["ts-2"]},
+        },
+    )
+    assert time.monotonic() - t0 < 1.5
+    assert status == 503 and headers["Retry-After"]
+    assert body["error"]["code"] == "task_dropped"
+    assert "budget exhausted" in body["error"]["message"]
+    assert {t["server"]: t["status"] for t in body["tasks"]} == {
+        "ts-1": "cancelled",
+        "ts-2": "dropped",
+        "ts-3": "cancelled",
+    }
+    assert body["cancelled_siblings"] == 2
+    async with http.get(gw.url + "/metrics") as r:
+        text = await r.text()
+    assert 'tailgate_tasks_cancelled_after_drop_total{pool="default"} 2.0' in text
+    assert 'tailgate_queries_total{class="custom",outcome="dropped"} 1.0' in text
+
+
 async def test_failing_task_gives_502_with_reason(
     cluster: Cluster, http: aiohttp.ClientSession
 ) -> None:
