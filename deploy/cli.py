@@ -125,10 +125,34 @@ def cmd_taskserver(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:
         print(f"tailgate taskserver: {exc}", file=sys.stderr)
         return 2
+    executor = None
+    if args.pipeline:
+        try:
+            executor = _pipeline_executor(args)
+        except (ValueError, OSError, ImportError) as exc:
+            print(f"tailgate taskserver: {exc}", file=sys.stderr)
+            return 2
+        if args.slots is None:
+            # A pipeline batches across tasks: it needs many tasks in flight at once.
+            cfg = dataclasses.replace(cfg, slots=PIPELINE_SLOTS)
     if args.exit_with_parent:
         _exit_with_parent()
-    run_async(serve(cfg, ready=_announce))
+    run_async(serve(cfg, ready=_announce, executor=executor))
     return 0
+
+
+PIPELINE_SLOTS = 256
+"""Default slots of a pipeline task server (well above the largest batch size)."""
+
+
+def _pipeline_executor(args: argparse.Namespace) -> Any:
+    from deploy.pipelines import pipeline_config
+    from taskserver.pipeline import PipelineExecutor
+
+    config = pipeline_config(
+        args.pipeline, profile=args.profile, dropper=args.dropper, providers=args.providers
+    )
+    return PipelineExecutor(config)
 
 
 def cmd_edge_agent_run(args: argparse.Namespace) -> int:
@@ -413,6 +437,19 @@ def build_parser(*, light: bool = False) -> argparse.ArgumentParser:
         help="stop when the process that started this one dies (Linux)",
     )
     _add_service_args(p)
+    g = p.add_argument_group("inference pipeline (instead of the emulated executor)")
+    g.add_argument(
+        "--pipeline", help="pipeline spec: a shipped name (traffic, live, dag) or a file"
+    )
+    g.add_argument("--profile", help="its profile file (default: beside the spec)")
+    g.add_argument(
+        "--dropper",
+        default="pard",
+        help="dropping policy: pard (default), none, nexus, clipper++, or an ablation",
+    )
+    g.add_argument(
+        "--providers", default="auto", choices=["auto", "cpu", "cuda"], help="onnxruntime"
+    )
     p.set_defaults(func=cmd_taskserver)
 
     _add_edge_agent_parser(sub)
@@ -432,8 +469,10 @@ def build_parser(*, light: bool = False) -> argparse.ArgumentParser:
 
     if not light:
         from loadtests.sim.cli import add_parser as add_sim_parser
+        from onnx_models.cli import add_parser as add_profile_parser
 
         add_sim_parser(sub)
+        add_profile_parser(sub)
 
     p = sub.add_parser("config", help="validate the config and print the effective values")
     p.set_defaults(func=cmd_config)

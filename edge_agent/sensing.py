@@ -156,7 +156,7 @@ class SensingExecutor(Executor):
         self.decimals = decimals
         self._rng = random.Random(seed)
 
-    async def execute(self, payload: bytes) -> bytes:
+    async def execute(self, payload: bytes, *, budget_ms: float | None = None) -> bytes:
         request = _parse(payload)
         op = request.get("op")
         if op is None:

@@ -46,8 +46,12 @@ class Executor(ABC):
     name: str
 
     @abstractmethod
-    async def execute(self, payload: bytes) -> bytes:
-        """Run one task and return its result bytes; raise ExecutorError on failure."""
+    async def execute(self, payload: bytes, *, budget_ms: float | None = None) -> bytes:
+        """Run one task and return its result bytes; raise ExecutorError on failure.
+
+        budget_ms: what is left of the task's query's end-to-end SLO when it starts here
+        (None: unknown); a budget-aware executor may drop the task (TaskDropped) with it.
+        """
 
     async def close(self) -> None:  # noqa: B027 - an optional hook, not an abstract method
         """Release resources; the default has none."""
@@ -98,7 +102,7 @@ class EmulatedExecutor(Executor):
         self._rng = random.Random(seed)
         self._result_prefix = json.dumps({"server": server_id})[:-1].encode() + b', "service_ms": '
 
-    async def execute(self, payload: bytes) -> bytes:
+    async def execute(self, payload: bytes, *, budget_ms: float | None = None) -> bytes:
         request = _parse_payload(payload)
         self._maybe_drop(request)
         service_ms = self._service_ms(request)

@@ -158,7 +158,9 @@ class TaskService:
         task = inbound.task
         status, result, error = 0, b"", None
         try:
-            result = await self.executor.execute(task.payload or b"")
+            # What is left of the query's end-to-end SLO (T-EDFQ's key) as the task starts.
+            budget_ms = task.slo_budget_ms - (dequeued_s - inbound.received_s) * 1000.0
+            result = await self.executor.execute(task.payload or b"", budget_ms=budget_ms)
         except TaskDropped as exc:
             status, error = 4, str(exc)
         except ExecutorError as exc:

@@ -190,7 +190,7 @@ class _ManualExecutor(Executor):
         self.started: list[int] = []
         self.running: tuple[float, asyncio.Future[None]] | None = None
 
-    async def execute(self, payload: bytes) -> bytes:
+    async def execute(self, payload: bytes, *, budget_ms: float | None = None) -> bytes:
         task = json.loads(payload)
         self.started.append(task["i"])
         fut = asyncio.get_running_loop().create_future()

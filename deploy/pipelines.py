@@ -1,0 +1,52 @@
+"""From a pipeline spec file and its profile to the task server's PipelineConfig.
+
+`onnx_models` reads and checks spec and profile files; `taskserver` runs pipelines from
+plain data and imports nothing else of ours. This adapter sits above both (DESIGN.md).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from onnx_models.profile import default_profile_path, load_profile
+from onnx_models.spec import load_pipeline, pipeline_path
+from taskserver.pipeline import ModuleConfig, PipelineConfig
+
+__all__ = ["pipeline_config"]
+
+
+def pipeline_config(
+    spec: str | Path,
+    *,
+    profile: str | Path | None = None,
+    dropper: str = "pard",
+    providers: str = "auto",
+) -> PipelineConfig:
+    """The PipelineConfig of a spec (a shipped name such as "traffic", or a file path).
+
+    The profile defaults to the one written next to the spec by `tailgate profile`.
+    Raises PipelineSpecError / ProfileError / PipelineConfigError (all ValueErrors) naming
+    the file and field that is wrong.
+    """
+    s = load_pipeline(pipeline_path(spec))
+    prof = load_profile(profile if profile is not None else default_profile_path(s), s)
+    modules = tuple(
+        ModuleConfig(
+            id=str(m.id),
+            name=m.name,
+            model=m.model,
+            pres=tuple(str(p) for p in m.pres),
+            subs=tuple(str(x) for x in m.subs),
+            batch_sizes=m.batch_sizes,
+            input_shape=m.input_shape,
+        )
+        for m in s.modules
+    )
+    return PipelineConfig(
+        name=s.name,
+        slo_ms=s.slo_ms,
+        modules=modules,
+        profile=prof,
+        dropper=dropper,
+        providers=providers,
+    )

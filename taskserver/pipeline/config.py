@@ -1,0 +1,305 @@
+"""Typed configuration of one inference pipeline: modules, profile, dropping policy, knobs.
+
+Plain data on purpose: the task server imports nothing else of ours, so whoever reads a
+pipeline spec file builds a `PipelineConfig` from it. Every field has a one-line doc and a
+default where one makes sense; a bad value raises PipelineConfigError naming the field.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from taskserver.pard import PipelineGraph, PriorityConfig, Profile
+from taskserver.pipeline.errors import PipelineConfigError
+
+__all__ = [
+    "DEFAULT_BATCH_SIZES",
+    "PROVIDER_CHOICES",
+    "ModuleConfig",
+    "PardKnobs",
+    "PipelineConfig",
+    "TableProfile",
+]
+
+DEFAULT_BATCH_SIZES: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+PROVIDER_CHOICES: tuple[str, ...] = ("auto", "cpu", "cuda")
+
+
+def _positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _positive_number(value: object) -> bool:
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value > 0
+    )
+
+
+class TableProfile:
+    """A profile given as ``{module_id: {batch: duration_ms}}``: d_k(b) for PARD's estimates.
+
+    Exact at a listed batch size, linear between two listed ones; outside the listed range it
+    raises ValueError rather than guess.
+    """
+
+    def __init__(self, table: Mapping[Any, Mapping[Any, float]]) -> None:
+        self._rows: dict[str, list[tuple[int, float]]] = {}
+        for module_id, row in table.items():
+            if not isinstance(row, Mapping) or not row:
+                raise PipelineConfigError(
+                    f"profile[{module_id!r}]: must map batch sizes to ms, got {row!r}"
+                )
+            points: list[tuple[int, float]] = []
+            for batch, ms in row.items():
+                try:
+                    b = int(batch)
+                except (TypeError, ValueError):
+                    b = 0
+                if b < 1 or not _positive_number(ms):
+                    raise PipelineConfigError(
+                        f"profile[{module_id!r}][{batch!r}]: need a batch >= 1 and a duration "
+                        f"> 0 ms, got {ms!r}"
+                    )
+                points.append((b, float(ms)))
+            self._rows[str(module_id)] = sorted(points)
+
+    def duration_ms(self, module_id: str, batch: int) -> float:
+        """d_k(b) in ms for `module_id` at `batch`."""
+        row = self._rows.get(str(module_id))
+        if row is None:
+            raise ValueError(f"profile: no durations for module {module_id!r}")
+        if not row[0][0] <= batch <= row[-1][0]:
+            sizes = [b for b, _ in row]
+            raise ValueError(f"profile: module {module_id!r} batch {batch} outside {sizes}")
+        for (b0, ms0), (b1, ms1) in pairwise(row):
+            if b0 <= batch <= b1:
+                return ms0 + (ms1 - ms0) * (batch - b0) / (b1 - b0)
+        return row[0][1]  # a single listed batch size equal to `batch`
+
+
+@dataclass(frozen=True)
+class ModuleConfig:
+    """One module: a model and its place in the pipeline's DAG."""
+
+    id: str
+    """Module id, unique in its pipeline; `pres`/`subs` refer to it (ints become strings)."""
+    name: str
+    """Module name, for messages and results (e.g. ``face_recognition``)."""
+    model: Path
+    """The ``.onnx`` file (a relative path is taken from the working directory)."""
+    pres: tuple[str, ...] = ()
+    """Upstream module ids; a module with several waits for all of them (merge)."""
+    subs: tuple[str, ...] = ()
+    """Downstream module ids; every one of them gets this module's output (split)."""
+    batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES
+    """Feasible batch sizes, ascending; the profile must cover each."""
+    input_shape: tuple[int, ...] | None = None
+    """Input shape without the batch axis (C, H, W); None: read it from the model."""
+    input_dtype: str | None = None
+    """Input dtype as a numpy name (``float32``); None: read it from the model."""
+    roi_output: bool | None = None
+    """Output rows are detections (cx, cy, w, h, score, ...) whose best box its subs crop;
+    None: when the model's first output is named ``detections``."""
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        set_(self, "id", str(self.id))
+        if not self.id or not isinstance(self.name, str) or not self.name:
+            raise PipelineConfigError(f"module id/name: must not be empty, got {self!r}")
+        set_(self, "model", Path(self.model))
+        for key in ("pres", "subs"):
+            value = getattr(self, key)
+            if isinstance(value, str | bytes) or not hasattr(value, "__iter__"):
+                raise PipelineConfigError(f"module {self.id} {key}: must be a list, got {value!r}")
+            set_(self, key, tuple(str(v) for v in value))
+        sizes = tuple(self.batch_sizes)
+        if not sizes or not all(_positive_int(b) for b in sizes):
+            raise PipelineConfigError(
+                f"module {self.id} batch_sizes: need ints >= 1, got {self.batch_sizes!r}"
+            )
+        if any(a >= b for a, b in pairwise(sizes)):
+            raise PipelineConfigError(
+                f"module {self.id} batch_sizes: must be strictly ascending, got {sizes!r}"
+            )
+        set_(self, "batch_sizes", sizes)
+        if self.input_shape is not None:
+            shape = tuple(self.input_shape)
+            if not shape or not all(_positive_int(d) for d in shape):
+                raise PipelineConfigError(
+                    f"module {self.id} input_shape: need dims >= 1, got {self.input_shape!r}"
+                )
+            set_(self, "input_shape", shape)
+        if self.input_dtype is not None:
+            try:
+                np.dtype(self.input_dtype)
+            except TypeError as exc:
+                raise PipelineConfigError(
+                    f"module {self.id} input_dtype: not a numpy dtype, got {self.input_dtype!r}"
+                ) from exc
+
+    @property
+    def label(self) -> str:
+        """``name (id N)``, for messages."""
+        return f"{self.name} (id {self.id})"
+
+
+@dataclass(frozen=True)
+class PardKnobs:
+    """Settings of PARD's State Planner, state exchange and metrics (§4.2, §5.1)."""
+
+    window_s: float = 5.0
+    """Linear-weighted window of the queueing delay q_i (footnote 4)."""
+    wait_quantile: float = 0.1
+    """lambda: the quantile of the aggregated downstream batch wait taken as w_k."""
+    wait_samples: int = 2_000
+    """Draws behind w_k. The paper's M = 10,000 costs ~4 ms per downstream module and
+    refresh in CPython, on the event loop; 2,000 draws still put the 0.1-quantile within
+    about +-0.7 percentile points (binomial standard error)."""
+    exchange_period_s: float = 1.0
+    """Modules exchange their state at most this often, each then refreshes w_k."""
+    metrics_window_s: float = 10.0
+    """Goodput is counted over this trailing window."""
+    priority: PriorityConfig | None = None
+    """mu / eps settings of the HBF/LBF switch (None: the core's defaults)."""
+    seed: int = 0
+    """Seed of the planners' w_k draws (the same states give the same w_k)."""
+
+    def __post_init__(self) -> None:
+        for key in ("window_s", "exchange_period_s", "metrics_window_s"):
+            if not _positive_number(getattr(self, key)):
+                raise PipelineConfigError(f"pard {key}: must be > 0, got {getattr(self, key)!r}")
+        q = self.wait_quantile
+        if isinstance(q, bool) or not isinstance(q, int | float) or not 0.0 <= q <= 1.0:
+            raise PipelineConfigError(f"pard wait_quantile: must be in [0, 1], got {q!r}")
+        if not _positive_int(self.wait_samples):
+            raise PipelineConfigError(
+                f"pard wait_samples: must be an int >= 1, got {self.wait_samples!r}"
+            )
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """One pipeline served by a PipelineExecutor."""
+
+    name: str
+    """Pipeline name (e.g. ``traffic``); results and metrics carry it."""
+    slo_ms: float
+    """End-to-end latency objective; the budget of a request whose payload gives none."""
+    modules: tuple[ModuleConfig, ...]
+    """The modules: exactly one source (no pres), pres and subs that agree, no cycle."""
+    profile: Any
+    """d_k(b): an object with ``duration_ms(module_id, batch)``, or a mapping
+    ``{module_id: {batch: duration_ms}}`` (turned into a TableProfile)."""
+    dropper: str = "pard"
+    """Dropping policy: pard, its ablations or a baseline (taskserver.pard.DROPPER_NAMES)."""
+    pard: PardKnobs = field(default_factory=PardKnobs)
+    """PARD's knobs."""
+    providers: str = "auto"
+    """onnxruntime provider: auto (CUDA when available, else CPU), cpu or cuda."""
+    intra_op_threads: int | None = None
+    """Threads per session; None: usable CPUs / modules, at least 1 (CPU only)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise PipelineConfigError(f"pipeline name: must not be empty, got {self.name!r}")
+        if not _positive_number(self.slo_ms):
+            raise PipelineConfigError(f"pipeline slo_ms: must be > 0, got {self.slo_ms!r}")
+        modules = tuple(self.modules)
+        if not modules or not all(isinstance(m, ModuleConfig) for m in modules):
+            raise PipelineConfigError(f"pipeline modules: need ModuleConfigs, got {modules!r}")
+        object.__setattr__(self, "modules", modules)
+        if self.providers not in PROVIDER_CHOICES:
+            raise PipelineConfigError(
+                f"pipeline providers: must be one of {PROVIDER_CHOICES}, got {self.providers!r}"
+            )
+        if self.intra_op_threads is not None and not _positive_int(self.intra_op_threads):
+            raise PipelineConfigError(
+                f"pipeline intra_op_threads: must be an int >= 1, got {self.intra_op_threads!r}"
+            )
+        if not isinstance(self.dropper, str) or not self.dropper.strip():
+            raise PipelineConfigError(f"pipeline dropper: must be a name, got {self.dropper!r}")
+        if isinstance(self.profile, Mapping):
+            object.__setattr__(self, "profile", TableProfile(self.profile))
+        elif not isinstance(self.profile, Profile):
+            raise PipelineConfigError(
+                f"pipeline profile: need duration_ms(module_id, batch) or a mapping, "
+                f"got {type(self.profile).__name__}"
+            )
+        self._check_graph()
+        self._check_profile()
+
+    def _check_graph(self) -> None:
+        by_id: dict[str, ModuleConfig] = {}
+        for m in self.modules:
+            if m.id in by_id:
+                raise PipelineConfigError(f"pipeline modules: id {m.id!r} appears twice")
+            by_id[m.id] = m
+        for m in self.modules:
+            for key, others in (("pres", m.pres), ("subs", m.subs)):
+                for other in others:
+                    if other not in by_id:
+                        raise PipelineConfigError(
+                            f"module {m.label} {key}: unknown module id {other!r}"
+                        )
+            for sub in m.subs:
+                if m.id not in by_id[sub].pres:
+                    raise PipelineConfigError(
+                        f"module {m.label} subs: lists {sub!r}, whose pres lack {m.id!r}"
+                    )
+            for pre in m.pres:
+                if m.id not in by_id[pre].subs:
+                    raise PipelineConfigError(
+                        f"module {m.label} pres: lists {pre!r}, whose subs lack {m.id!r}"
+                    )
+        sources = [m.id for m in self.modules if not m.pres]
+        if len(sources) != 1:
+            raise PipelineConfigError(f"pipeline modules: need exactly one source, got {sources}")
+        try:
+            graph = PipelineGraph.from_subs({m.id: m.subs for m in self.modules})
+        except ValueError as exc:
+            raise PipelineConfigError(f"pipeline modules: {exc}") from exc
+        unreachable = [m.id for m in self.modules if m.id not in graph]
+        if unreachable:
+            raise PipelineConfigError(
+                f"pipeline modules: {unreachable} not reachable from the source (a cycle?)"
+            )
+
+    def _check_profile(self) -> None:
+        for m in self.modules:
+            for b in m.batch_sizes:
+                try:
+                    ms = self.profile.duration_ms(m.id, b)
+                except Exception as exc:  # any profile's own error: name the cell
+                    raise PipelineConfigError(
+                        f"pipeline profile: module {m.label} batch {b}: {exc}"
+                    ) from exc
+                if not _positive_number(ms):
+                    raise PipelineConfigError(
+                        f"pipeline profile: module {m.label} batch {b}: got {ms!r} ms"
+                    )
+
+    @property
+    def source(self) -> ModuleConfig:
+        """The module every request enters at."""
+        return next(m for m in self.modules if not m.pres)
+
+    def graph(self) -> PipelineGraph:
+        """The module graph as PARD's core sees it."""
+        return PipelineGraph.from_subs({m.id: m.subs for m in self.modules})
+
+    def module(self, module_id: str) -> ModuleConfig:
+        """The module with this id (KeyError if none)."""
+        for m in self.modules:
+            if m.id == module_id:
+                return m
+        raise KeyError(f"pipeline {self.name!r} has no module {module_id!r}")

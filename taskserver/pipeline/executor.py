@@ -1,0 +1,371 @@
+"""PipelineExecutor: a multi-model ONNX pipeline behind the task server's Executor interface.
+
+One ModuleWorker per module (queue, PARD decision, dynamic batching, model thread), routed
+along the pipeline's DAG: an output goes to every sub (split); a sub with several pres waits
+for all of them (merge, tensors.py). A request carries one id through every branch, so a drop
+or a cancellation anywhere takes it out of every queue at once and discards what its other
+branches still compute.
+
+State exchange (PARD §4.1 ②): the modules live in one process, so a module's snapshot is
+merged straight into the other planners. Each module publishes at most once per
+``exchange_period_s`` (StateExchange); the publications are staggered over the period, one
+module per tick, and a planner refreshes w_k (planner.refresh) in its tick when a state it
+depends on was merged since its last refresh, so no tick holds the loop for more than one
+refresh.
+
+Serving: the executor queues and batches on its own, so the task server must hand it many
+requests at once (``slots`` well above the largest batch size); with one slot every batch
+would hold one request. A payload's ``budget_ms`` is the budget left when execute() is
+called; time the task already spent in the task server's own queue is not taken off here.
+
+Metrics: one PardMetrics per executor (goodput, drop rate, invalid rate, §5.1). A cancelled
+request and one whose batch failed end there as drops at the pseudo-modules CANCELLED and
+FAILED (so their compute counts as invalid); ``snapshot()`` reports them apart from the
+policy's drops per module.
+
+Result (JSON object)::
+
+    {"pipeline": "traffic", "request": 17, "budget_ms": 400.0, "latency_ms": 41.2,
+     "provider": "CPUExecutionProvider",   # comma-joined if modules differ
+     "outputs": {"3": {"module": "text_recognition", "shape": [48, 37],
+                       "top_k": [[flat_index, value], ...], "values": [...] (<= 16 values)}},
+     "modules": {"1": {"name": "object_detection", "queue_ms": .., "batch_wait_ms": ..,
+                       "prep_ms": .., "exec_ms": .., "batch": 4, "provider": ".."}, ...}}
+
+``request`` is the executor's id of the request (batch records name it); ``outputs`` holds
+the sinks; ``modules`` every module the request ran on, in visiting order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from taskserver.executors import Executor, ExecutorError
+from taskserver.pard import Decision, PardMetrics, StateExchange, StatePlanner, create_dropper
+from taskserver.pipeline.config import ModuleConfig, PipelineConfig
+from taskserver.pipeline.errors import PipelineClosed, PipelineConfigError, PipelineDropped
+from taskserver.pipeline.flight import BatchRecord, Flight
+from taskserver.pipeline.sessions import (
+    ModelRunner,
+    OnnxModel,
+    default_intra_op_threads,
+    resolve_providers,
+)
+from taskserver.pipeline.tensors import (
+    FULL_REGION,
+    detection_region,
+    parse_payload,
+    summarize_output,
+    union_region,
+)
+from taskserver.pipeline.worker import ModuleWorker
+
+__all__ = ["CANCELLED", "FAILED", "PipelineExecutor"]
+
+# Pseudo-modules under which PardMetrics counts requests that ended without a policy drop.
+CANCELLED = "(cancelled)"
+FAILED = "(failed)"
+
+
+class PipelineExecutor(Executor):
+    """Runs each task payload through the pipeline; see the module docstring."""
+
+    name = "pipeline"
+
+    def __init__(
+        self,
+        config: PipelineConfig,
+        *,
+        runners: Mapping[str, ModelRunner] | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        """Load one session per module (or take `runners`, by module id) and wire the workers."""
+        self.config = config
+        self.clock = clock
+        if runners is None:
+            providers = resolve_providers(config.providers)
+            threads = config.intra_op_threads or default_intra_op_threads(len(config.modules))
+            runners = {
+                m.id: OnnxModel(m, providers, intra_op_threads=threads) for m in config.modules
+            }
+        missing = [m.id for m in config.modules if m.id not in runners]
+        if missing:
+            raise PipelineConfigError(f"pipeline runners: none given for modules {missing}")
+        graph = config.graph()
+        knobs = config.pard
+        first_sizes = {m.id: m.batch_sizes[0] for m in config.modules}
+        self.workers: dict[str, ModuleWorker] = {}
+        self._downstream: dict[str, set[str]] = {}
+        for m in config.modules:
+            planner = StatePlanner(
+                m.id,
+                graph,
+                config.profile,
+                window_s=knobs.window_s,
+                wait_quantile=knobs.wait_quantile,
+                wait_samples=knobs.wait_samples,
+                batch_sizes=first_sizes,
+                seed=knobs.seed,
+            )
+            try:
+                dropper = create_dropper(config.dropper, planner, priority=knobs.priority)
+            except ValueError as exc:
+                raise PipelineConfigError(f"pipeline dropper: {exc}") from exc
+            self.workers[m.id] = ModuleWorker(m, runners[m.id], planner, dropper, self, clock=clock)
+            self._downstream[m.id] = {x for p in graph.downstream_paths(m.id) for x in p}
+        self.metrics = PardMetrics(knobs.metrics_window_s)
+        self.cancelled = 0
+        self.failures = 0
+        self.exchange_s = 0.0  # loop time spent publishing, merging and refreshing states
+        self._source = config.source
+        self._sinks = sum(1 for m in config.modules if not m.subs)
+        self._exchanges = {m.id: StateExchange(knobs.exchange_period_s) for m in config.modules}
+        self._stale: set[str] = set()  # planners that merged a downstream state since refresh
+        self._flights: dict[int, Flight] = {}
+        self._ids = itertools.count(1)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+        providers_used = list(dict.fromkeys(w.runner.provider for w in self.workers.values()))
+        self.provider = ",".join(providers_used)
+
+    # ---- the Executor interface -----------------------------------------------------------
+
+    async def execute(self, payload: bytes, *, budget_ms: float | None = None) -> bytes:
+        """Run one request end to end; PipelineDropped when the policy drops it.
+
+        The budget is the payload's `budget_ms`, else the task server's (what is left of
+        the query's end-to-end SLO when the task starts), else the pipeline's SLO.
+        """
+        if self._closed:
+            raise PipelineClosed("pipeline executor is closed")
+        request = parse_payload(payload)
+        loop = self._start()
+        now = self.clock()
+        if request.budget_ms is not None:
+            budget_ms = request.budget_ms
+        elif budget_ms is None:
+            budget_ms = self.config.slo_ms
+        flight = Flight(
+            request_id=next(self._ids),
+            request=request,
+            budget_s=budget_ms / 1000.0,
+            received_s=now,
+            future=loop.create_future(),
+            sinks_left=self._sinks,
+        )
+        self._flights[flight.request_id] = flight
+        self.metrics.arrived(flight.request_id, self.config.name, flight.budget_s, now)
+        flight.regions[self._source.id] = FULL_REGION
+        self.workers[self._source.id].submit(flight, now)
+        try:
+            await flight.future
+        except asyncio.CancelledError:
+            self._abandon(flight)
+            raise
+        finally:
+            self._flights.pop(flight.request_id, None)
+        return self._result(flight, self.clock())
+
+    async def close(self) -> None:
+        """Stop the workers, fail what is still in flight, release the model threads."""
+        self._closed = True
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        for flight in list(self._flights.values()):
+            self._fail(flight, PipelineClosed("pipeline executor closed"))
+        for worker in self.workers.values():
+            await worker.close()
+
+    # ---- the Router interface (called by the workers) -------------------------------------
+
+    def dropped(self, flight: Flight, module: ModuleConfig, decision: Decision, now: float) -> None:
+        """Fail the whole request at once: PARD dropped it at `module`."""
+        self.metrics.dropped(flight.request_id, module.id, now)
+        error = PipelineDropped(
+            module.id,
+            module.name,
+            decision.estimate_s * 1000.0,
+            decision.limit_s * 1000.0,
+            str(decision.reason),
+        )
+        self._fail(flight, error)
+
+    def failed(self, flight: Flight, module: ModuleConfig, error: ExecutorError) -> None:
+        """The batch holding `flight` failed at `module`."""
+        self.failures += 1
+        self.metrics.dropped(flight.request_id, FAILED, self.clock())
+        self._fail(flight, error)
+
+    def executed(self, module: ModuleConfig, ids: list[int], exec_s: float, now: float) -> None:
+        """Count a batch's compute (PARD's invalid rate shares it among its requests)."""
+        self.metrics.batch_executed(module.id, ids, exec_s, now)
+
+    def forward(self, flight: Flight, module: ModuleConfig, output: np.ndarray, now: float) -> None:
+        """Pass `module`'s output on: to every sub (split), merging where a sub has several pres."""
+        region = flight.regions[module.id]
+        if self.workers[module.id].roi_output:
+            region = detection_region(output, region)
+        flight.passed[module.id] = region
+        if not module.subs:
+            flight.outputs[module.id] = output
+            flight.sinks_left -= 1
+            if flight.sinks_left == 0:
+                flight.alive = False
+                self.metrics.completed(flight.request_id, now - flight.received_s, now)
+                if not flight.future.done():
+                    flight.future.set_result(None)
+            return
+        for sub_id in module.subs:
+            sub = self.workers[sub_id]
+            pres = sub.module.pres
+            if len(pres) > 1:
+                if any(p not in flight.passed for p in pres):
+                    continue  # the merge waits for its other branches
+                flight.regions[sub_id] = union_region([flight.passed[p] for p in pres])
+            else:
+                flight.regions[sub_id] = region
+            sub.submit(flight, now)
+
+    # ---- inspection ---------------------------------------------------------------------------
+
+    def batches(self, module_id: str) -> list[BatchRecord]:
+        """The last batches `module_id` ran (a few hundred at most), oldest first."""
+        return list(self.workers[module_id].history)
+
+    def snapshot(self) -> dict[str, Any]:
+        """Goodput, drop and invalid rates, drops per module, batch sizes, providers, overhead."""
+        now = self.clock()
+        summary = self.metrics.pipeline(self.config.name, now)
+        drops = {m: n for m, n in summary.drops_by_module.items() if m not in (CANCELLED, FAILED)}
+        modules: dict[str, Any] = {}
+        decide_s = 0.0
+        decided = 0
+        for mid, w in self.workers.items():
+            decide_s += w.decide_s
+            decided += w.decided
+            modules[mid] = {
+                "name": w.module.name,
+                "provider": w.runner.provider,
+                "batches": w.batches,
+                "requests": w.requests,
+                "batch_sizes": {str(b): n for b, n in sorted(w.sizes.items())},
+                "short_batches": w.short_batches,
+                "mean_batch": round(w.requests / w.batches, 3) if w.batches else 0.0,
+                "busy_s": round(w.busy_s, 6),
+                "exec_s": round(w.exec_s, 6),
+                # > 1: batches ran slower than the profile says, so eq. (3) is optimistic
+                "exec_vs_profile": round(w.exec_s / w.profiled_s, 3) if w.profiled_s else 0.0,
+                "queued": len(w.queue),
+                "open": w.open_count,
+                "batch_size": w.planner.state(mid).batch_size,
+                "invalid_rate": self.metrics.module(mid).invalid_rate,
+            }
+        return {
+            "pipeline": self.config.name,
+            "dropper": self.config.dropper,
+            "provider": self.provider,
+            "arrived": summary.arrived,
+            "on_time": summary.on_time,
+            "late": summary.late,
+            "dropped": sum(drops.values()),
+            "cancelled": self.cancelled,
+            "failed": self.failures,
+            "in_flight": summary.in_flight,
+            "goodput_rps": summary.goodput_rps,
+            "drop_rate": summary.drop_rate,
+            "invalid_rate": summary.invalid_rate,
+            "drops_by_module": drops,
+            "modules": modules,
+            "scheduling": {
+                "decisions": decided,
+                "decide_s": decide_s,
+                "decide_us_per_decision": decide_s / decided * 1e6 if decided else 0.0,
+                "exchange_s": self.exchange_s,
+            },
+        }
+
+    # ---- internals ------------------------------------------------------------------------------
+
+    def _start(self) -> asyncio.AbstractEventLoop:
+        loop = asyncio.get_running_loop()
+        if self._loop is loop:
+            return loop
+        if self._loop is not None:
+            raise RuntimeError("PipelineExecutor: already bound to another event loop")
+        self._loop = loop
+        for worker in self.workers.values():
+            worker.planner.refresh()  # w_k from the priors, before the first decision
+            self._tasks.append(loop.create_task(worker.run(), name=f"pipeline-{worker.id}"))
+        self._tasks.append(loop.create_task(self._exchange_loop(), name="pipeline-exchange"))
+        return loop
+
+    async def _exchange_loop(self) -> None:
+        ids = list(self.workers)
+        tick_s = self.config.pard.exchange_period_s / len(ids)
+        for module_id in itertools.cycle(ids):
+            await asyncio.sleep(tick_s)
+            self.exchange(module_id, self.clock())
+
+    def exchange(self, module_id: str, now: float) -> None:
+        """One tick: publish `module_id`'s state if due, merge it, refresh its planner if stale."""
+        start = time.perf_counter()
+        worker = self.workers[module_id]
+        state = self._exchanges[module_id].publish(worker.planner, now)
+        if state is not None:
+            for other_id, other in self.workers.items():
+                if other is not worker and other.planner.merge(state):
+                    if module_id in self._downstream[other_id]:
+                        self._stale.add(other_id)
+        if module_id in self._stale:
+            self._stale.discard(module_id)
+            worker.planner.refresh()
+        self.exchange_s += time.perf_counter() - start
+
+    def _fail(self, flight: Flight, error: ExecutorError) -> None:
+        flight.alive = False
+        for module_id in flight.where:
+            self.workers[module_id].remove(flight.request_id)
+        flight.where.clear()
+        if not flight.future.done():
+            flight.future.set_exception(error)
+
+    def _abandon(self, flight: Flight) -> None:
+        """The caller cancelled: take the request out of every queue, spend nothing more."""
+        if flight.alive:
+            self.cancelled += 1
+            self.metrics.dropped(flight.request_id, CANCELLED, self.clock())
+            flight.alive = False
+        for module_id in flight.where:
+            self.workers[module_id].remove(flight.request_id)
+        flight.where.clear()
+
+    def _result(self, flight: Flight, now: float) -> bytes:
+        top_k = flight.request.top_k
+        outputs = {
+            mid: {"module": self.workers[mid].module.name, **summarize_output(out, top_k)}
+            for mid, out in flight.outputs.items()
+        }
+        modules = {}
+        for mid, timing in flight.timings.items():
+            worker = self.workers[mid]
+            modules[mid] = {"name": worker.module.name, **timing.to_json(worker.runner.provider)}
+        result = {
+            "pipeline": self.config.name,
+            "request": flight.request_id,
+            "budget_ms": round(flight.budget_s * 1000.0, 3),
+            "latency_ms": round((now - flight.received_s) * 1000.0, 3),
+            "provider": self.provider,
+            "outputs": outputs,
+            "modules": modules,
+        }
+        return json.dumps(result, allow_nan=False).encode()

@@ -1,0 +1,245 @@
+"""Task payloads in, model inputs between modules, compact results out.
+
+Payload (a JSON object; ``b""`` means ``{}``)::
+
+    {"image_seed": 7}                       a synthetic frame of the source's input shape:
+                                            uniform [0, 1) float32 in 8x8-pixel blocks
+    {"input": [[...], ...]}                 a frame as nested numbers, (H, W) or (C, H, W)
+    {"input": {"shape": [C, H, W], "dtype": "float32", "b64": "..."}}
+                                            a frame as base64 of its C-order bytes
+    "budget_ms": 250                        optional: the remaining end-to-end budget
+                                            (default: the pipeline's slo_ms)
+    "top_k": 3                              optional: entries per output summary (1..100)
+
+Neither ``image_seed`` nor ``input``: ``image_seed`` 0. A given frame is fitted to the source
+module's input shape as any module's input is (below), so it need not match it exactly.
+
+How inputs chain between modules. Each request carries its *frame* (the source module's
+input) and a *region* of it, (x0, y0, x1, y1) in frame fractions, starting as the whole frame.
+A module's input is its region of the frame, cropped and resized (nearest neighbour) to the
+module's input shape; channels are averaged to one or cycled to more. A module whose output
+is a detection table (rows cx, cy, w, h, score, ... in fractions of its own input, see
+``ModuleConfig.roi_output``) narrows the region to its highest-scoring box, so its subs see
+the detected object, as a detector feeding a recogniser does; any other module passes its
+region on unchanged. A module with several pres (a DAG merge) waits for all of them and takes
+the union of their regions. Inputs of another rank are resampled as flat arrays. The cost is
+one fancy-indexing copy of the module's input size, done in the module's worker thread.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from taskserver.pipeline.errors import BadPayload
+
+__all__ = [
+    "FULL_REGION",
+    "MAX_INPUT_ELEMENTS",
+    "Region",
+    "RequestInput",
+    "detection_region",
+    "fit_input",
+    "parse_payload",
+    "summarize_output",
+    "synthetic_frame",
+    "union_region",
+]
+
+Region = tuple[float, float, float, float]  # x0, y0, x1, y1 as fractions of the frame
+FULL_REGION: Region = (0.0, 0.0, 1.0, 1.0)
+MAX_INPUT_ELEMENTS = 1 << 24  # a given frame larger than this is refused
+_MAX_TOP_K = 100
+_SYNTHETIC_BLOCK = 8  # pixels per random value of a synthetic frame (cheap, image-like)
+_MIN_BOX = 1.0 / 64  # a detected box is never narrower than this share of its input
+
+
+@dataclass(frozen=True, slots=True)
+class RequestInput:
+    """A parsed payload: how to build the frame, and the request's options."""
+
+    seed: int | None
+    array: np.ndarray | None
+    budget_ms: float | None
+    top_k: int
+
+    def frame(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """The source module's input: the synthetic or given frame fitted to `shape`."""
+        frame = synthetic_frame(self.seed or 0, shape) if self.array is None else self.array
+        return fit_input(frame, FULL_REGION, shape, dtype)
+
+
+def synthetic_frame(seed: int, shape: tuple[int, ...]) -> np.ndarray:
+    """A deterministic frame of `shape`: uniform [0, 1) float32 in blocks of 8x8 pixels."""
+    rng = np.random.default_rng(seed)
+    if len(shape) != 3:
+        return rng.random(shape, dtype=np.float32)
+    c, h, w = shape
+    block = _SYNTHETIC_BLOCK
+    coarse = rng.random((c, -(-h // block), -(-w // block)), dtype=np.float32)
+    return np.repeat(np.repeat(coarse, block, axis=1), block, axis=2)[:, :h, :w]
+
+
+def _field_error(name: str, expected: str, value: Any) -> BadPayload:
+    return BadPayload(f"payload: {name}: {expected}, got {value!r:.80}")
+
+
+def parse_payload(payload: bytes) -> RequestInput:
+    """Parse and check a task payload; BadPayload names the field that is wrong."""
+    request: Any = {}
+    if payload and payload.strip():
+        try:
+            request = json.loads(payload)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise BadPayload(f"payload: invalid JSON: {exc}") from exc
+    if not isinstance(request, dict):
+        raise BadPayload(f"payload: must be a JSON object, got {type(request).__name__}")
+    unknown = set(request) - {"image_seed", "input", "budget_ms", "top_k"}
+    if unknown:
+        raise BadPayload(f"payload: unknown fields {sorted(unknown)}")
+    if "image_seed" in request and "input" in request:
+        raise BadPayload("payload: give image_seed or input, not both")
+    seed = request.get("image_seed", 0 if "input" not in request else None)
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise _field_error("image_seed", "must be an int >= 0", seed)
+    array = _parse_input(request["input"]) if "input" in request else None
+    budget = request.get("budget_ms")
+    if budget is not None and (
+        isinstance(budget, bool)
+        or not isinstance(budget, int | float)
+        or not math.isfinite(budget)
+        or budget <= 0
+    ):
+        raise _field_error("budget_ms", "must be a number > 0", budget)
+    top_k = request.get("top_k", 3)
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= _MAX_TOP_K:
+        raise _field_error("top_k", f"must be an int in 1..{_MAX_TOP_K}", top_k)
+    return RequestInput(seed, array, None if budget is None else float(budget), top_k)
+
+
+def _parse_input(value: Any) -> np.ndarray:
+    if isinstance(value, dict):
+        shape, dtype, b64 = value.get("shape"), value.get("dtype", "float32"), value.get("b64")
+        if not isinstance(shape, list) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in shape
+        ):
+            raise _field_error("input.shape", "must be a list of ints >= 1", shape)
+        if dtype not in ("float32", "float16", "float64", "uint8"):
+            raise _field_error("input.dtype", "must be float32, float16, float64 or uint8", dtype)
+        if not isinstance(b64, str):
+            raise _field_error("input.b64", "must be a base64 string", b64)
+        if math.prod(shape) > MAX_INPUT_ELEMENTS:
+            raise _field_error("input.shape", f"must hold <= {MAX_INPUT_ELEMENTS} values", shape)
+        try:
+            raw = base64.b64decode(b64, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise BadPayload(f"payload: input.b64: invalid base64: {exc}") from exc
+        expected = math.prod(shape) * np.dtype(dtype).itemsize
+        if len(raw) != expected:
+            raise BadPayload(
+                f"payload: input.b64: {len(raw)} bytes, shape {shape} of {dtype} needs {expected}"
+            )
+        array = np.frombuffer(raw, dtype=dtype).reshape(shape)
+    elif isinstance(value, list):
+        try:
+            array = np.asarray(value, dtype=np.float32)
+        except (ValueError, TypeError) as exc:
+            raise BadPayload(f"payload: input: not a rectangular array of numbers: {exc}") from exc
+    else:
+        raise _field_error("input", "must be a nested list or {shape, dtype, b64}", value)
+    if array.ndim not in (2, 3) or array.size == 0 or array.size > MAX_INPUT_ELEMENTS:
+        raise BadPayload(
+            f"payload: input: need a non-empty (H, W) or (C, H, W) array of <= "
+            f"{MAX_INPUT_ELEMENTS} values, got shape {list(array.shape)}"
+        )
+    if array.dtype.kind == "f" and not np.isfinite(array).all():
+        raise BadPayload("payload: input: values must be finite")
+    return array if array.ndim == 3 else array[None]
+
+
+def _span(lo: float, hi: float, size: int) -> tuple[int, int]:
+    start = min(size - 1, max(0, int(lo * size)))
+    stop = max(start + 1, min(size, math.ceil(hi * size)))
+    return start, stop
+
+
+def fit_input(
+    frame: np.ndarray, region: Region, shape: tuple[int, ...], dtype: np.dtype
+) -> np.ndarray:
+    """The `region` of `frame` (C, H, W) cropped and resized to `shape` (module docstring)."""
+    if frame.shape == shape and region == FULL_REGION:
+        out = frame
+    elif frame.ndim == 3 and len(shape) in (2, 3):
+        c_out, h, w = shape if len(shape) == 3 else (1, *shape)
+        c_in, height, width = frame.shape
+        r0, r1 = _span(region[1], region[3], height)
+        c0, c1 = _span(region[0], region[2], width)
+        rows = r0 + (np.arange(h) * (r1 - r0)) // h
+        cols = c0 + (np.arange(w) * (c1 - c0)) // w
+        crop = frame[:, rows][:, :, cols]  # two 1-D gathers: ~5x faster than one 2-D
+        if c_out == 1 and c_in > 1:
+            crop = crop.mean(axis=0, keepdims=True, dtype=np.float32)
+        elif c_out != c_in:
+            crop = crop[np.arange(c_out) % c_in]
+        out = crop.reshape(shape)
+    else:
+        flat = frame.reshape(-1)
+        n = math.prod(shape)
+        out = flat[(np.arange(n) * flat.size) // n].reshape(shape)
+    dtype = np.dtype(dtype)
+    if dtype.kind in "iu" and out.dtype.kind == "f":
+        info = np.iinfo(dtype)
+        out = np.clip(np.rint(out * 255.0), info.min, info.max)
+    return out.astype(dtype, copy=False)
+
+
+def detection_region(detections: np.ndarray, region: Region) -> Region:
+    """The frame region of the best box in a detection table seen on `region` of the frame."""
+    if detections.ndim != 2 or detections.shape[0] == 0 or detections.shape[1] < 5:
+        return region
+    best = detections[int(np.argmax(detections[:, 4]))]
+    cx, cy, w, h = (float(v) for v in best[:4])
+    if not all(math.isfinite(v) for v in (cx, cy, w, h)):
+        return region
+    w, h = max(w, _MIN_BOX), max(h, _MIN_BOX)
+    x0, x1 = min(max(cx - w / 2, 0.0), 1.0 - _MIN_BOX), min(max(cx + w / 2, _MIN_BOX), 1.0)
+    y0, y1 = min(max(cy - h / 2, 0.0), 1.0 - _MIN_BOX), min(max(cy + h / 2, _MIN_BOX), 1.0)
+    x1, y1 = max(x1, x0 + _MIN_BOX), max(y1, y0 + _MIN_BOX)
+    rx0, ry0, rx1, ry1 = region
+    sx, sy = rx1 - rx0, ry1 - ry0
+    return (rx0 + x0 * sx, ry0 + y0 * sy, rx0 + x1 * sx, ry0 + y1 * sy)
+
+
+def union_region(regions: list[Region]) -> Region:
+    """The smallest region holding all of `regions` (a DAG merge)."""
+    return (
+        min(r[0] for r in regions),
+        min(r[1] for r in regions),
+        max(r[2] for r in regions),
+        max(r[3] for r in regions),
+    )
+
+
+def _number(value: float) -> float | None:
+    return round(value, 6) if math.isfinite(value) else None
+
+
+def summarize_output(output: np.ndarray, top_k: int) -> dict[str, Any]:
+    """A sink's output in brief: shape, the top-k (flat index, value), all values if <= 16."""
+    flat = np.asarray(output, dtype=np.float64).reshape(-1)
+    summary: dict[str, Any] = {"shape": list(output.shape)}
+    if flat.size:
+        k = min(top_k, flat.size)
+        ranked = np.where(np.isnan(flat), -np.inf, flat)
+        index = np.argpartition(-ranked, k - 1)[:k]
+        index = index[np.argsort(-ranked[index], kind="stable")]
+        summary["top_k"] = [[int(i), _number(float(flat[i]))] for i in index]
+    if flat.size <= 16:
+        summary["values"] = [_number(float(v)) for v in flat]
+    return summary

@@ -1,0 +1,59 @@
+"""A live ONNX pipeline behind the gateway: model outputs come back; a doomed query is
+dropped at the first module and its siblings are cancelled."""
+
+from __future__ import annotations
+
+import aiohttp
+import pytest
+
+from tests.integration.conftest import Cluster, query, register
+
+pytest.importorskip("onnxruntime")
+pytestmark = pytest.mark.integration
+
+
+async def test_a_pipeline_query_returns_model_outputs_and_a_doomed_one_is_dropped_early(
+    cluster: Cluster, http: aiohttp.ClientSession
+) -> None:
+    # A 1 ms prior: the gateway's unloaded estimate must not turn the tight query below
+    # into a 422 before the pipeline can drop it.
+    gw = cluster.gateway(
+        '[[pools]]\nname = "default"\n[pools.prior]\nkind = "constant"\nvalue_ms = 1.0\n'
+    )
+    ts = cluster.taskserver("gpu-1", "--pipeline", "traffic", "--providers", "cpu")
+    await register(http, gw, ts, slots=256)
+    status, body, _ = await query(
+        http,
+        gw,
+        {
+            "slo": {"percentile": 99, "latency_ms": 3000},
+            "targets": {"servers": ["gpu-1"]},
+            "task": {"image_seed": 7},
+        },
+    )
+    assert status == 200, body
+    result = body["tasks"][0]["result"]
+    assert result["pipeline"] == "traffic"
+    assert [m["name"] for m in result["modules"].values()] == [
+        "object_detection",
+        "face_recognition",
+        "text_recognition",
+    ]
+    assert result["outputs"] and result["provider"] == "CPUExecutionProvider"
+    # The budget the server hands the pipeline is what is left of the query's SLO.
+    assert 0 < result["budget_ms"] <= 3000
+
+    # 6 ms cannot hold three models (their profiled batch-1 durations add up to ~11 ms):
+    # PARD drops the request at the first module, before any model ran it.
+    status, body, headers = await query(
+        http,
+        gw,
+        {
+            "slo": {"percentile": 99, "latency_ms": 6},
+            "targets": {"servers": ["gpu-1"]},
+            "task": {"image_seed": 8},
+        },
+    )
+    assert status == 503 and headers["Retry-After"], body
+    assert body["error"]["code"] == "task_dropped"
+    assert "object_detection" in body["error"]["message"]
