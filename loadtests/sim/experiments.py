@@ -478,247 +478,6 @@ def _searches(st: Settings, label: str, jobs: list[tuple[Labels, Scenario]]) -> 
     return list(zip([lab for lab, _ in jobs], pool.run(), strict=True))
 
 
-# --- The experiments ---------------------------------------------------------------------
-
-
-def _fanout_single_class(st: Settings, base: Scenario) -> list[str]:
-    """Experiment 1: max load vs SLO, FIFO vs TF-EDFQ, one class, k_f 1/10/100."""
-    jobs = []
-    for app in st.apps:
-        for slo in SINGLE_CLASS_SLOS_MS[app]:
-            scn = with_slos(st.scenario(base, app), (slo,))
-            jobs += [({"app": app, "slo_ms": slo, "policy": p}, scn) for p in ("fifo", "tf-edfq")]
-    found = _searches(st, "fanout-single-class", jobs)
-    _write_searches(st, found)
-
-    types = base.fanout.type_names()
-    p99_rows = []
-    lines: dict[str, dict[str, list[tuple[float, float]]]] = {}
-    bars: dict[str, tuple[list[str], dict[str, list[float]]]] = {}
-    refs: dict[str, list[float]] = {}
-    for lab, s in found:
-        app, slo, pol = lab["app"], lab["slo_ms"], POLICY_TITLES[lab["policy"]]
-        at = s.at_max.fanout_types["I"] if s.at_max else {}
-        p99_rows.append([app, slo, pol, _fmt(s.max_load), *[_p99_cell(at.get(t)) for t in types]])
-        lines.setdefault(app, {}).setdefault(pol, []).append((slo, s.max_load))
-        groups, series = bars.setdefault(f"{app} · {pol}", ([], {f"k={t}": [] for t in types}))
-        groups.append(f"{slo:g}")
-        refs.setdefault(f"{app} · {pol}", []).append(slo)
-        for t in types:
-            series[f"k={t}"].append(at[t].latency_ms if t in at else math.nan)
-
-    from loadtests.sim import plots
-
-    plots.line_panels(
-        st.out_dir / "max_load_vs_slo.png",
-        lines,
-        ylim=(0, 1),
-        title="Max load vs p99 SLO (one class, k_f 1/10/100)",
-        xlabel="p99 SLO (ms)",
-        ylabel="max load",
-    )
-    plots.grouped_bars(
-        st.out_dir / "fanout_p99_at_max_load.png",
-        bars,
-        refs=refs,
-        ncols=2,
-        title="p99 per fanout type at each policy's max load (dashed: SLO)",
-        xlabel="p99 SLO (ms)",
-        ylabel="p99 latency (ms)",
-    )
-    return [
-        "## Max load per SLO\n\nHighest load (fraction of capacity) at which the p99 of the "
-        "class and of every judged fanout type meets the SLO.\n\n"
-        + _max_load_table(found, ["app", "slo_ms"], ["app", "SLO ms"]),
-        "## p99 per fanout type at each policy's max load (ms)\n\n"
-        "`*` marks a fanout type with too few samples to be judged.\n\n"
-        + md_table(["app", "SLO ms", "policy", "max load", *[f"k={t}" for t in types]], p99_rows),
-        _samples_section(_at_max_per_app(found)),
-    ]
-
-
-def _p99_cell(s: TailStat | None) -> str:
-    return "-" if s is None else f"{s.latency_ms:.3f}" + ("" if s.enough else "*")
-
-
-def _fanout_two_classes(st: Settings, base: Scenario) -> list[str]:
-    """Experiment 2: two classes (x, 1.5x), Poisson and Pareto, all four policies."""
-    jobs = []
-    for app in st.apps:
-        for process in ("poisson", "pareto"):
-            for x in TWO_CLASS_SLOS_MS[app]:
-                scn = with_slos(st.scenario(base, app), (x, 1.5 * x))
-                scn = replace(scn, arrivals=replace(scn.arrivals, process=process))
-                for pol, budget in st.columns(ALL_POLICIES):
-                    lab = {"app": app, "arrivals": process, "slo_x_ms": x, "policy": pol}
-                    jobs.append(({**lab, "budget_adjust": budget}, with_budget(scn, budget)))
-    found = _searches(st, "fanout-two-classes", jobs)
-    _write_searches(st, found)
-
-    bars: dict[str, tuple[list[str], dict[str, list[float]]]] = {}
-    for lab, s in found:
-        groups, series = bars.setdefault(f"{lab['app']} · {lab['arrivals']}", ([], {}))
-        if f"x={lab['slo_x_ms']:g}" not in groups:
-            groups.append(f"x={lab['slo_x_ms']:g}")
-        series.setdefault(_title(lab["policy"], lab["budget_adjust"]), []).append(s.max_load)
-
-    from loadtests.sim import plots
-
-    plots.grouped_bars(
-        st.out_dir / "max_load.png",
-        bars,
-        ncols=2,
-        title="Max load, two classes (p99 SLOs x and 1.5x ms), k_f 1/10/100",
-        xlabel="SLO x of class I (ms); class II: 1.5x",
-        ylabel="max load",
-    )
-    n_slo = max(len(v) for v in TWO_CLASS_SLOS_MS.values())
-    return [
-        "## Max load per policy\n\nHighest load at which both classes (SLOs x and 1.5x), and "
-        f"every judged fanout type, meet their p99 SLOs. {n_slo} SLO points per app "
-        "(experiment 1 sweeps four) to bound the run time; Pareto inter-arrivals with "
-        f"alpha = {base.arrivals.alpha:g} (TailGuard eq. (6)).\n\n"
-        + _max_load_table(found, ["app", "arrivals", "slo_x_ms"], ["app", "arrivals", "x ms"]),
-        _samples_section(_at_max_per_app(found)),
-    ]
-
-
-def _fixed_fanout_two_classes(st: Settings, base: Scenario) -> list[str]:
-    """Experiment 3: k_f = N = 100, two classes; per-class p99 vs load, max load per policy."""
-    policies = ("fifo", "priq", "tf-edfq")
-    pool = st.pool("fixed-fanout-two-classes")
-    labels: list[Labels] = []
-    sweep_runs = len(SWEEP_LOADS) + _bisection_runs(0.05, st.tol) - 2
-    for app in st.apps:
-        scn = with_slos(st.scenario(base, app), FIXED_FANOUT_SLOS_MS[app])
-        slos = dict(zip(("slo_I_ms", "slo_II_ms"), FIXED_FANOUT_SLOS_MS[app], strict=True))
-        for pol, budget in st.columns(policies):
-            labels.append({"app": app, **slos, "policy": pol, "budget_adjust": budget})
-            if budget:  # without a sweep: keep the extra column cheap
-                pool.add(_search, (with_budget(scn), pol, st.tol), _bisection_runs(0.96, st.tol))
-            else:
-                pool.add(_sweep_then_search, (scn, pol, SWEEP_LOADS, st.tol), sweep_runs)
-    found: Found = []
-    curves: dict[tuple[str, str], list[RunSummary]] = {}
-    for lab, out in zip(labels, pool.run(), strict=True):
-        if isinstance(out, tuple):
-            curves[(lab["app"], lab["policy"])], out = out
-        found.append((lab, out))
-    _write_searches(st, found)
-
-    curve_rows, class_rows = [], []
-    panels: dict[str, dict[str, tuple[list[tuple[float, float]], float]]] = {}
-    for (app, pol), curve in curves.items():
-        for s in curve:
-            curve_rows += [[app, pol, s.load, *r, s.met] for r in _tail_rows(s) if r[1] == "all"]
-        names = list(curve[0].classes)
-        class_rows.append([app, POLICY_TITLES[pol], *[_sweep_max(curve, c) for c in names]])
-        panels[f"{app} · {POLICY_TITLES[pol]}"] = {
-            f"class {c}": ([(s.load, s.classes[c].latency_ms) for s in curve], slo_ms)
-            for c, slo_ms in ((c, curve[0].classes[c].slo_ms) for c in names)
-        }
-    write_csv(
-        st.out_dir / "p99_vs_load.csv",
-        ["app", "policy", "load", *TAIL_HEADER, "all_met"],
-        curve_rows,
-    )
-
-    from loadtests.sim import plots
-
-    plots.curves_with_slo(
-        st.out_dir / "p99_vs_load.png",
-        panels,
-        title="p99 per class vs load, k_f = N = 100 (dashed: SLOs)",
-        xlabel="load",
-        ylabel="p99 latency (ms)",
-    )
-    step = SWEEP_LOADS[1] - SWEEP_LOADS[0]
-    classes = [f"class {c.name}" for c in base.classes]
-    return [
-        "## Max load per policy\n\nBisection inside the bracket the load sweep found (TF-EDFQ "
-        "with budget adjustment: over the whole range, without a sweep).\n\n"
-        + _max_load_table(
-            found, ["app", "slo_I_ms", "slo_II_ms"], ["app", "SLO I ms", "SLO II ms"]
-        ),
-        f"## Per-class max load from the load sweep\n\nLoads {SWEEP_LOADS[0]:g} to "
-        f"{SWEEP_LOADS[-1]:g} in steps of {step:.2g}, each curve stopping once every class's p99 "
-        f"is past {FAR_PAST_SLO:g}x its SLO; the highest swept load before the class first "
-        "misses its SLO. Curves: `p99_vs_load.csv`, `p99_vs_load.png`.\n\n"
-        + md_table(["app", "policy", *classes], class_rows),
-        _samples_section(_at_max_per_app(found)),
-    ]
-
-
-def _sweep_max(curve: Sequence[RunSummary], cname: str) -> str:
-    """Highest swept load before the first at which the class misses its SLO."""
-    best = f"< {curve[0].load:g}"
-    for s in curve:
-        if not s.class_met(cname):
-            return best
-        best = f"{s.load:.2f}"
-    return f">= {best}"  # met up to the end of the sweep
-
-
-def _mixed_fanout_four_classes(st: Settings, base: Scenario) -> list[str]:
-    """Experiment 4: N = 1000, k_f uniform on 1..1000, four classes; max load per class."""
-    cols = st.columns(ALL_POLICIES)
-    pool = st.pool("mixed-fanout-four-classes")
-    scn = st.scenario(base, "masstree")
-    runs = _bisection_runs(HIGH - LOW, st.tol) + 3 * (len(scn.classes) - 1)
-    for pol, budget in cols:
-        pool.add(_group_search, (with_budget(scn, budget), pol, st.tol), runs)
-    found = dict(zip([_title(*c) for c in cols], pool.run(), strict=True))
-
-    slo = {c.name: c.slo_ms for c in scn.classes}
-    names = {**{g: f"class {g}" for g in slo}, "all": "all classes"}
-    max_rows, run_rows, table = [], [], []
-    curves: dict[str, dict[str, tuple[list[tuple[float, float]], float]]] = {}
-    for (pol, budget), (title, gs) in zip(cols, found.items(), strict=True):
-        for g, (lo, hi) in gs.brackets.items():
-            max_rows.append([pol, budget, g, slo.get(g, ""), round(lo, 4), round(hi, 4)])
-        table.append([title, *[_fmt(lo) for lo, _ in gs.brackets.values()]])
-        ordered = sorted(gs.runs, key=lambda s: s.load)
-        for s in ordered:
-            run_rows += [[pol, budget, round(s.load, 4), *r] for r in _tail_rows(s)]
-        curves[title] = {
-            names[c]: ([(s.load, s.classes[c].latency_ms) for s in ordered], slo[c]) for c in slo
-        }
-    head = ["policy", "budget_adjust"]
-    write_csv(
-        st.out_dir / "maxload.csv", [*head, "group", "slo_ms", "max_load", "bracket_hi"], max_rows
-    )
-    write_csv(st.out_dir / "runs.csv", [*head, "load", *TAIL_HEADER], run_rows)
-
-    from loadtests.sim import plots
-
-    bars = {names[g]: [gs.brackets[g][0] for gs in found.values()] for g in names}
-    plots.grouped_bars(
-        st.out_dir / "max_load_per_class.png",
-        {"masstree": (list(found), bars)},
-        title="Max load per class, N = 1000, k_f uniform on 1..1000",
-        xlabel="policy",
-        ylabel="max load",
-        ncols=1,
-    )
-    plots.curves_with_slo(
-        st.out_dir / "p99_vs_load.png",
-        curves,
-        title="p99 per class at the loads the bisection ran (dashed: SLOs)",
-        xlabel="load",
-        ylabel="p99 latency (ms)",
-    )
-    header = ["policy", *[f"class {g} ({slo[g]:g} ms)" for g in slo], "all classes"]
-    first = next(iter(found.values()))
-    return [
-        "## Max load per class\n\nHighest load at which the class's p99 (and that of each of its "
-        "judged fanout types) meets its SLO; `all classes`: the highest load at which every class "
-        "does. One bisection per policy, its runs shared by all classes "
-        f"({', '.join(f'{t}: {len(g.runs)}' for t, g in found.items())} runs).\n\n"
-        + md_table(header, table),
-        _samples_section({"masstree": first.runs[0] if first.runs else None}),
-    ]
-
-
 # --- Registry and entry point ------------------------------------------------------------
 
 
@@ -736,6 +495,9 @@ class Experiment:
     """Runs the simulations, writes CSV and PNG files, returns markdown sections."""
     pool: bool = False
     """Its scenario is a pool scenario (`loadtests.sim.pool`), not a fanout one."""
+    pipeline: str = ""
+    """A PARD experiment on this shipped pipeline (`loadtests.sim.pard_experiments`): no
+    scenario file; apps are its traces and queries the requests per trace."""
 
     @property
     def scenario_path(self) -> Path:
@@ -751,28 +513,28 @@ EXPERIMENTS: dict[str, Experiment] = {
             "max load vs p99 SLO, one class, k_f 1/10/100, FIFO vs TF-EDFQ",
             400_000,
             APPS,
-            _fanout_single_class,
+            lambda st, base: _fanout("fanout_single_class", st, base),
         ),
         Experiment(
             "fanout-two-classes",
             "max load, two classes (x, 1.5x), Poisson and Pareto, all four policies",
             300_000,
             APPS,
-            _fanout_two_classes,
+            lambda st, base: _fanout("fanout_two_classes", st, base),
         ),
         Experiment(
             "fixed-fanout-two-classes",
             "per-class p99 vs load and max load, k_f = N = 100, two classes",
             20_000,
             APPS,
-            _fixed_fanout_two_classes,
+            lambda st, base: _fanout("fixed_fanout_two_classes", st, base),
         ),
         Experiment(
             "mixed-fanout-four-classes",
             "max load per class, N = 1000, k_f uniform on 1..1000, four classes (Masstree)",
             8_000,
             ("masstree",),
-            _mixed_fanout_four_classes,
+            lambda st, base: _fanout("mixed_fanout_four_classes", st, base),
         ),
         Experiment(
             "admission",
@@ -796,8 +558,27 @@ EXPERIMENTS: dict[str, Experiment] = {
             lambda st, base: _overload("swayam", st, base),
             pool=True,
         ),
+        *(
+            Experiment(
+                f"pard-{pipeline}",
+                f"PARD vs no dropping, Nexus and Clipper++ on the {pipeline} pipeline "
+                "(periodic, bursty, spiky traces)",
+                15_000,
+                ("periodic", "bursty", "spiky"),
+                lambda st, base: _pard(st, base),
+                pipeline=pipeline,
+            )
+            for pipeline in ("traffic", "live", "dag")
+        ),
     )
 }
+
+
+def _fanout(name: str, st: Settings, base: Any) -> list[str]:
+    from loadtests.sim import fanout_experiments
+
+    body: Callable[[Settings, Any], list[str]] = getattr(fanout_experiments, name)
+    return body(st, base)
 
 
 def _overload(name: str, st: Settings, base: Any) -> list[str]:
@@ -805,6 +586,12 @@ def _overload(name: str, st: Settings, base: Any) -> list[str]:
 
     body: Callable[[Settings, Any], list[str]] = getattr(overload_experiments, name)
     return body(st, base)
+
+
+def _pard(st: Settings, setup: Any) -> list[str]:
+    from loadtests.sim import pard_experiments
+
+    return pard_experiments.pipeline_experiment(st, setup)
 
 
 def run_experiment(
@@ -823,6 +610,12 @@ def run_experiment(
     if name not in EXPERIMENTS:
         raise ValueError(f"experiment: unknown {name!r} (known: {', '.join(EXPERIMENTS)})")
     exp = EXPERIMENTS[name]
+    if exp.pipeline:  # no scenario: the pipeline spec and profile (pard_experiments)
+        from loadtests.sim.pard_experiments import run_pipeline_experiment
+
+        return run_pipeline_experiment(
+            exp, out, data_dir, queries, apps, workers=workers, quiet=quiet
+        )
     if not 0 < tol < HIGH - LOW:
         raise ValueError(f"tol: must be in (0, {HIGH - LOW:g}), got {tol}")
     chosen = tuple(a.strip().lower() for a in apps) if apps else exp.apps

@@ -38,9 +38,10 @@ def test_shipped_scenario_loads(path: Path) -> None:
 
 
 def test_every_experiment_has_its_scenario() -> None:
-    assert {p.stem for p in SCENARIOS} >= set(EXPERIMENTS)
+    with_scenario = {n for n, e in EXPERIMENTS.items() if not e.pipeline}  # pard-*: a spec
+    assert {p.stem for p in SCENARIOS} >= with_scenario
     for exp in EXPERIMENTS.values():
-        assert exp.scenario_path.is_file()
+        assert exp.pipeline or exp.scenario_path.is_file()
         assert exp.title
 
 
@@ -206,3 +207,74 @@ def test_progress_bar_redraws_in_place_on_a_terminal() -> None:
     bar.close()
     text = out.getvalue()
     assert text.count("\r") == 3 and text.endswith("3/3 100% elapsed 0:00 eta 0:00\n")
+
+
+# --- PARD pipeline experiments (pard-traffic, pard-live, pard-dag) -------------------------
+
+PARD_POLICIES = ["none", "nexus", "clipper++", "pard"]
+PARD_ABLATIONS = ["back", "sf", "lower", "upper", "fcfs", "hbf-only", "lbf-only", "instant-switch"]
+
+
+def test_every_pipeline_experiment_has_its_spec_and_profile() -> None:
+    from onnx_models.spec import PIPELINES_DIR
+
+    pipelines = {e.pipeline for e in EXPERIMENTS.values() if e.pipeline}
+    assert pipelines == {"traffic", "live", "dag"}
+    for name in pipelines:
+        assert (PIPELINES_DIR / f"{name}.json").is_file()
+        assert (PIPELINES_DIR / f"{name}.profile.json").is_file()
+
+
+@pytest.mark.parametrize("name", ["pard-traffic", "pard-live", "pard-dag"])
+def test_pard_experiment_writes_tables_and_plots(name: str, tmp_path: Path) -> None:
+    md = run_experiment(name, tmp_path, queries=100, apps=["spiky"], workers=1, quiet=True)
+    folder = tmp_path / name
+    assert md == folder / f"{name}.md"
+    rows = read_csv(folder / "summary.csv")
+    assert [(r["trace"], r["policy"]) for r in rows] == [
+        ("spiky", p) for p in PARD_POLICIES + PARD_ABLATIONS
+    ]
+    modules = read_csv(folder / "modules.csv")
+    for r in rows:
+        arrived = int(r["arrived"])
+        assert arrived > 0 and int(r["on_time"]) + int(r["late"]) + int(r["dropped"]) == arrived
+        assert 0.0 <= float(r["drop_rate"]) <= 1.0 and 0.0 <= float(r["invalid_rate"]) <= 1.0
+        drops = sum(int(r[f"drops_{m['module_id']}"]) for m in modules)
+        assert drops == int(r["dropped"])
+    assert rows[0]["dropped"] == "0"  # no dropping: only late completions
+    by_module = read_csv(folder / "drops_by_module.csv")
+    assert len(by_module) == len(rows) * len(modules)
+    timeline = read_csv(folder / "goodput_over_time.csv")
+    assert {(r["trace"], r["policy"]) for r in timeline} == {
+        (r["trace"], r["policy"]) for r in rows
+    }
+    text = md.read_text(encoding="utf-8")
+    assert "## Setup" in text and "## Goodput, drop rate, invalid rate" in text
+    assert "| spiky | **PARD** |" in text and "| spiky | Nexus |" in text
+    assert "| spiky | instant-switch |" in text
+    for png in (
+        "goodput_over_time.png",
+        "drop_and_invalid_rates.png",
+        "drops_by_module.png",
+        "ablations.png",
+    ):
+        assert (folder / png).read_bytes()[:8] == PNG_MAGIC
+
+
+def test_pard_experiment_without_a_profile_says_how_to_make_one(tmp_path: Path) -> None:
+    import json
+
+    from onnx_models.spec import PIPELINES_DIR
+
+    spec = json.loads((PIPELINES_DIR / "traffic.json").read_text(encoding="utf-8"))
+    for m in spec["modules"]:
+        m["model"] = str((PIPELINES_DIR / m["model"]).resolve())
+    (tmp_path / "traffic.json").write_text(json.dumps(spec), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"no profile of pipeline 'traffic'.*onnx_models profile"):
+        run_experiment("pard-traffic", tmp_path / "out", data_dir=tmp_path, quiet=True)
+    assert not (tmp_path / "out").exists()
+
+
+def test_pard_experiment_refuses_an_unknown_trace(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="runs the traces periodic, bursty, spiky, got wiki"):
+        run_experiment("pard-dag", tmp_path, apps=["wiki"], quiet=True)

@@ -1,0 +1,287 @@
+"""PARD experiments on the shipped pipelines: ``pard-traffic``, ``pard-live`` and ``pard-dag``.
+
+Each runs one pipeline (``onnx_models/pipelines/NAME.json`` with its offline profile
+``NAME.profile.json``) through the periodic, bursty and spiky traces (`loadtests.sim.traces`)
+under PARD and the baselines of PARD §5.1 (no dropping, Nexus, Clipper++), then under PARD's
+ablations (Table 1), and reports goodput over time, drop rate, invalid rate and where requests
+were dropped. Setup, from the profile (printed in the report):
+
+- b_k: Nexus's rule (`nexus_batch_sizes`): the largest feasible size with 2 d_k(b) within the
+  module's share of the SLO.
+- Workers (PARD §5.1 resource scaling, done once before the run): T_k = b_k / d_k(b_k) is one
+  worker's throughput; every module gets ceil(T_med / T_k) workers, T_med being the median
+  T_k, so that no module is far below the others and queues can build anywhere on the path.
+- Rate: the trace's mean rate is `LOAD` (90%) of the pipeline's capacity min_k W_k T_k, so
+  the bottleneck runs at 90% on average and the bursts go above it: dropping is needed.
+  Requests per trace (``--queries``) set the duration, at least `MIN_DURATION_S`.
+- SLO: the spec's, unless the profile makes it infeasible (below 2 sum 2 d_k(b_1) on the
+  longest path: twice a lone request's worst case), in which case it is raised to that.
+
+Every policy of one trace sees the same arrivals (same seeds).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from loadtests.sim.pard_report import PardReport
+from loadtests.sim.pipeline import simulate_pipeline
+from loadtests.sim.pipeline_model import PipelineModel, SimConfig, nexus_batch_sizes
+from loadtests.sim.progress import format_duration
+from loadtests.sim.traces import MIN_DURATION_S, make_trace
+
+POLICIES = ("none", "nexus", "clipper++", "pard")
+ABLATIONS = ("back", "sf", "lower", "upper", "fcfs", "hbf-only", "lbf-only", "instant-switch")
+LOAD = 0.9
+"""Mean rate as a share of the pipeline's capacity."""
+TRACE_SEED = 1
+SIM_SEED = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Setup:
+    """What the profile gave: batch sizes, workers, capacity, rate and SLO of one pipeline."""
+
+    pipeline: str
+    model: PipelineModel
+    """Read once: every run uses these very durations, even if the files change meanwhile."""
+    spec_path: Path
+    profile_path: Path
+    device: str
+    slo_s: float
+    spec_slo_s: float
+    max_batch: dict[str, int]
+    workers: dict[str, int]
+    worker_rps: dict[str, float]
+    capacity_rps: float
+    load: float
+    """Mean rate over capacity."""
+    rate_rps: float
+    duration_s: float
+
+    def config(self) -> SimConfig:
+        """The simulator settings of every run."""
+        return SimConfig(workers=self.workers, max_batch=self.max_batch, seed=SIM_SEED)
+
+
+def load_model(spec_path: Path, profile_path: Path) -> PipelineModel:
+    """The pipeline model from its spec and profile; a missing profile says how to make one."""
+    from onnx_models.errors import OnnxModelsError
+    from onnx_models.profile import load_profile
+    from onnx_models.spec import load_pipeline
+
+    if not spec_path.is_file():
+        raise ValueError(f"pipeline spec not found: {spec_path} (--data-dir)")
+    spec = load_pipeline(spec_path)
+    if not profile_path.is_file():
+        raise ValueError(
+            f"no profile of pipeline {spec.name!r} at {profile_path}: measure one with "
+            f"`python -m onnx_models profile {spec_path}` (it writes that file)"
+        )
+    try:
+        profile = load_profile(profile_path)
+    except OnnxModelsError as exc:
+        raise ValueError(f"profile {profile_path}: {exc}") from exc
+    ids = {(m.id, m.name) for m in spec.modules}
+    if profile.pipeline != spec.name or {(m.id, m.name) for m in profile.modules} != ids:
+        raise ValueError(f"profile {profile_path} is not of pipeline {spec.name!r}: profile again")
+    return PipelineModel.from_spec(spec, profile)
+
+
+def plan_setup(spec_path: Path, profile_path: Path, requests: int) -> Setup:
+    """Batch sizes, workers, rate and SLO of one pipeline by the rules of the module docstring."""
+    model = load_model(spec_path, profile_path)
+    floor_s = 2.0 * max(
+        sum(2.0 * model.duration_s(m, model.batch_sizes[m][0]) for m in path)
+        for path in model.graph.paths
+    )
+    spec_slo_s = model.slo_s
+    slo_s = model.slo_s = max(spec_slo_s, floor_s)
+    max_batch = nexus_batch_sizes(model)
+    worker_rps = {m: max_batch[m] / model.duration_s(m, max_batch[m]) for m in model.modules}
+    median = statistics.median(worker_rps.values())
+    workers = {m: max(1, math.ceil(median / t - 1e-9)) for m, t in worker_rps.items()}
+    capacity = min(workers[m] * worker_rps[m] for m in model.modules)
+    rate = LOAD * capacity
+    env = getattr(model.profile, "environment", None)
+    where = [getattr(env, "provider", ""), getattr(model.profile, "created_utc", "")]
+    device = getattr(env, "device", "an unknown device")
+    return Setup(
+        pipeline=model.name,
+        model=model,
+        spec_path=spec_path,
+        profile_path=profile_path,
+        device=f"{device} ({', '.join(w for w in where if w)})" if any(where) else device,
+        slo_s=slo_s,
+        spec_slo_s=spec_slo_s,
+        max_batch=max_batch,
+        workers=workers,
+        worker_rps=worker_rps,
+        capacity_rps=capacity,
+        load=LOAD,
+        rate_rps=rate,
+        duration_s=max(MIN_DURATION_S, requests / rate),
+    )
+
+
+# --- One run (module level: it runs in a worker process) ---------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RunDigest:
+    """What the tables and plots keep of one (trace, policy) run."""
+
+    trace: str
+    policy: str
+    arrived: int
+    on_time: int
+    late: int
+    dropped: int
+    goodput_rps: float
+    """On-time requests per second of trace."""
+    goodput_overload_rps: float
+    """Mean goodput over the seconds whose offered rate exceeds the capacity (NaN: none)."""
+    overload_s: int
+    drop_rate: float
+    invalid_rate: float
+    trace_cv: float
+    wall_s: float
+    drops: dict[str, int] = field(default_factory=dict)
+    batches: dict[str, int] = field(default_factory=dict)
+    mean_batch: dict[str, float] = field(default_factory=dict)
+    compute_s: dict[str, float] = field(default_factory=dict)
+    invalid_s: dict[str, float] = field(default_factory=dict)
+    timeline: list[tuple[float, float, float]] = field(default_factory=list)
+    """(end of second, offered requests in it, on-time completions in it)."""
+
+    def drop_share(self, module_id: str) -> float:
+        """The share of this run's drops made at a module."""
+        return self.drops[module_id] / self.dropped if self.dropped else 0.0
+
+
+def _run(job: int, setup: Setup, trace_name: str, policy: str) -> RunDigest:
+    """Simulate one (trace, policy)."""
+    from loadtests.sim import experiments
+
+    model = setup.model
+    trace = make_trace(trace_name, setup.duration_s, setup.rate_rps, seed=TRACE_SEED)
+    run = simulate_pipeline(model, trace.arrivals_s, policy, setup.config())
+    experiments._tick(job)
+    offered = trace.counts()
+    good = np.zeros(len(offered))
+    for p in run.timeline:  # goodput window 1 s: on-time completions in (t - 1, t]
+        if 1 <= round(p.time_s) <= len(good):
+            good[round(p.time_s) - 1] = p.goodput_rps
+    over = offered > setup.capacity_rps
+    sizes: dict[str, list[int]] = {m: [] for m in model.modules}
+    for b in run.batches:
+        sizes[b.module_id].append(b.size)
+    s, mods = run.summary, run.modules
+    return RunDigest(
+        trace=trace_name,
+        policy=policy,
+        arrived=s.arrived,
+        on_time=s.on_time,
+        late=s.late,
+        dropped=s.dropped,
+        goodput_rps=s.on_time / trace.duration_s,
+        goodput_overload_rps=float(good[over].mean()) if over.any() else math.nan,
+        overload_s=int(over.sum()),
+        drop_rate=s.drop_rate,
+        invalid_rate=s.invalid_rate,
+        trace_cv=trace.cv(),
+        wall_s=run.wall_s,
+        drops=run.drops_by_module(),
+        batches={m: x.batches for m, x in mods.items()},
+        mean_batch={m: float(np.mean(v)) if v else 0.0 for m, v in sizes.items()},
+        compute_s={m: x.compute_s for m, x in mods.items()},
+        invalid_s={m: x.invalid_s for m, x in mods.items()},
+        timeline=[(t + 1.0, float(offered[t]), float(good[t])) for t in range(len(good))],
+    )
+
+
+# --- The experiment body -----------------------------------------------------------------
+
+
+def pipeline_experiment(st: Any, setup: Setup) -> list[str]:
+    """Every trace under every policy and ablation: CSV, PNG and the markdown sections."""
+    model = setup.model
+    pool = st.pool(setup.pipeline)
+    for trace in st.apps:
+        for policy in (*POLICIES, *ABLATIONS):
+            pool.add(_run, (setup, trace, policy), 1)
+    report = PardReport(setup, model, tuple(st.apps), POLICIES, ABLATIONS, tuple(pool.run()))
+    report.write_csvs(st.out_dir)
+    report.write_plots(st.out_dir)
+    return report.sections()
+
+
+def run_pipeline_experiment(
+    exp: Any,
+    out: str | Path,
+    data_dir: str | Path | None = None,
+    queries: int | None = None,
+    traces: Any = None,
+    *,
+    workers: int = 2,
+    quiet: bool = False,
+) -> Path:
+    """Run a pipeline experiment into OUT/NAME/ and print its tables; the markdown file's path.
+
+    `data_dir` holds the spec and profile (default: the shipped ``onnx_models/pipelines``);
+    `queries` is the number of requests per trace; `traces` a subset of the experiment's.
+    """
+    from loadtests.sim.experiments import Settings
+    from onnx_models.spec import PIPELINES_DIR
+
+    chosen = tuple(t.strip().lower() for t in traces) if traces else exp.apps
+    unknown = [t for t in chosen if t not in exp.apps]
+    if unknown:
+        raise ValueError(
+            f"apps: {exp.name} runs the traces {', '.join(exp.apps)}, got {', '.join(unknown)}"
+        )
+    n = exp.queries if queries is None else queries
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"queries: must be an int >= 1, got {n!r}")
+    folder = Path(data_dir) if data_dir is not None else PIPELINES_DIR
+    setup = plan_setup(folder / f"{exp.pipeline}.json", folder / f"{exp.pipeline}.profile.json", n)
+    st = Settings(
+        out_dir=Path(out) / exp.name,
+        data_dir=folder,
+        apps=chosen,
+        queries=n,
+        tol=0.0,
+        workers=max(1, workers),
+        budget=False,
+        quiet=quiet,
+    )
+    st.out_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    sections = exp.body(st, setup)
+    wall_s = time.monotonic() - t0
+    files = sorted(p.name for p in st.out_dir.iterdir() if p.suffix in (".csv", ".png"))
+    head = [
+        f"# {exp.name}: {exp.title}",
+        "",
+        f"- Traces: {', '.join(chosen)}; {n:,} requests per trace; policies "
+        f"{', '.join(POLICIES)}; ablations {', '.join(ABLATIONS)}",
+        f"- Wall time: {format_duration(wall_s)} with {st.workers} worker process(es)",
+    ]
+    text = (
+        "\n".join(head)
+        + "\n\n"
+        + "\n\n".join([*sections, "## Files\n\n" + ", ".join(f"`{f}`" for f in files)])
+        + "\n"
+    )
+    md = st.out_dir / f"{exp.name}.md"
+    md.write_text(text, encoding="utf-8")
+    if not quiet:
+        print(text)
+    return md

@@ -1,0 +1,418 @@
+"""Discrete-event simulator of one PARD inference pipeline, on the live policy objects.
+
+A virtual clock (a heap of events) drives the modules of one pipeline (a chain or a DAG) with
+the same PARD objects a task server runs: per module a StatePlanner and a dropper from
+`create_dropper`, per worker a queue from ``dropper.new_queue()`` (a BudgetQueue with adaptive
+HBF/LBF for PARD), and `dropper.form_batch` for every batch decision. Modelling choices:
+
+- Batching (PARD Fig. 3b, dynamic batching as in Nexus): a worker runs one batch at a time and
+  collects the next one right after the previous one begins execution. The open batch has room
+  for the module's batch size b_k; requests already queued join at once, later arrivals join
+  while it has room (W_k = t_e - t_b, t_e the expected end of the running batch). When the
+  running batch ends, the open batch starts with however many requests it holds, at most b_k;
+  an idle worker starts a batch at once with what is queued. A batch of n runs d_k(n) from the
+  profile (n need not be a profiled size: the profile interpolates linearly). Under load
+  batches are full (n = b_k); an idle worker's batch holds what was queued.
+- b_k (Nexus's rule, `nexus_batch_sizes`): the SLO is split over the longest path through each
+  module in proportion to d_k at its largest feasible size, and b_k is the largest feasible
+  size whose worst case, a full batch wait plus execution (2 d_k(b)), fits that share; the
+  smallest feasible size when none does.
+- Workers: a fixed number per module (default 1), provisioned before the run: the resource
+  scaling of PARD §5.1 reacts to the rate, and bursts are exactly when it cannot follow in
+  time (§2). A module with several workers sends each request to the one with the fewest
+  requests queued, collecting or running (first such worker on ties).
+- Durations: the profile's d_k(n) times a seeded log-normal factor of mean 1 and coefficient
+  of variation `duration_cv` (default 0.05); t_e uses the profiled duration, without noise.
+- DAG: a module with several ``subs`` sends the request to each (split); one with several
+  ``pres`` takes it when every branch has arrived (merge; t_r is the last arrival). A request
+  completes when every sink has finished it. A drop in one branch drops the request: its
+  sibling sub-requests leave their queues and open batches at once (already running ones run
+  to the end, and that compute is invalid).
+- State exchange every `exchange_period_s` of virtual time: each module sets its batch size to
+  the mean size it ran in the last period, publishes its snapshot through its StateExchange,
+  every other planner merges it, and PARD-family planners refresh w_k. Messages take no time.
+- Metrics: a PardMetrics fed with every arrival, batch, drop and completion; goodput over time
+  is sampled from it once a second (window `goodput_window_s`).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from loadtests.sim.pipeline_model import PipelineModel, SimConfig, nexus_batch_sizes
+from taskserver.pard import (
+    Dropper,
+    ModuleSummary,
+    PardMetrics,
+    PipelineRequest,
+    PipelineSummary,
+    RequestBroker,
+    StateExchange,
+    StatePlanner,
+    create_dropper,
+)
+
+__all__ = [
+    "DROPPED",
+    "LATE",
+    "ON_TIME",
+    "BatchRecord",
+    "PipelineModel",
+    "PipelineRun",
+    "SimConfig",
+    "TimelinePoint",
+    "nexus_batch_sizes",
+    "simulate_pipeline",
+]
+
+ON_TIME, LATE, DROPPED = 1, 2, 3
+"""Request outcome codes (0: still in flight)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BatchRecord:
+    """One batch execution."""
+
+    module_id: str
+    worker: int
+    start_s: float
+    duration_s: float
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class TimelinePoint:
+    """PardMetrics sampled at the end of one second of the run."""
+
+    time_s: float
+    goodput_rps: float
+    on_time: int
+    dropped: int
+    late: int
+
+
+@dataclass(slots=True)
+class PipelineRun:
+    """Everything one run produced: per-request outcomes, batches, metrics."""
+
+    pipeline: str
+    dropper: str
+    slo_s: float
+    max_batch: dict[str, int]
+    arrivals_s: np.ndarray
+    finish_s: np.ndarray
+    """When each request completed or was dropped (NaN: never)."""
+    outcome: np.ndarray
+    """ON_TIME, LATE or DROPPED per request."""
+    dropped_at: list[str | None]
+    """The module that dropped each request (None: not dropped)."""
+    batches: list[BatchRecord]
+    summary: PipelineSummary
+    modules: dict[str, ModuleSummary]
+    timeline: list[TimelinePoint] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    @property
+    def latency_s(self) -> np.ndarray:
+        """End-to-end latency of each completed request (NaN for dropped ones)."""
+        lat = self.finish_s - self.arrivals_s
+        return np.where(self.outcome == DROPPED, np.nan, lat)
+
+    def drops_by_module(self) -> dict[str, int]:
+        """Requests dropped at each module (every module listed)."""
+        return {m: s.drops for m, s in self.modules.items()}
+
+
+class _Req:
+    __slots__ = ("at", "dead", "index", "merge_left", "sent_s", "sinks_left")
+
+    def __init__(self, index: int, sent_s: float, sinks: int) -> None:
+        self.index = index
+        self.sent_s = sent_s
+        self.sinks_left = sinks
+        self.dead = False
+        self.merge_left: dict[str, int] = {}
+        self.at: dict[str, _Worker] = {}  # module -> worker where it is queued or collected
+
+
+class _Worker:
+    __slots__ = ("expected_end_s", "index", "module", "open", "queue", "running")
+
+    def __init__(self, module: _Module, index: int) -> None:
+        self.module = module
+        self.index = index
+        self.queue = module.dropper.new_queue()
+        self.open: list[PipelineRequest] = []  # the batch being collected
+        self.running: list[PipelineRequest] | None = None
+        self.expected_end_s = 0.0  # t_e: start + profiled duration of the running batch
+
+    def load(self) -> int:
+        return len(self.queue) + len(self.open) + len(self.running or ())
+
+
+class _Module:
+    __slots__ = (
+        "batch_items",
+        "batches",
+        "dropper",
+        "exchange",
+        "id",
+        "max_batch",
+        "planner",
+        "pres",
+        "subs",
+        "workers",
+    )
+
+    def __init__(self, module_id: str, planner: StatePlanner, dropper: Dropper) -> None:
+        self.id = module_id
+        self.planner = planner
+        self.dropper = dropper
+        self.exchange = StateExchange()
+        self.workers: list[_Worker] = []
+        self.max_batch = 1
+        self.subs: tuple[str, ...] = ()
+        self.pres = 1
+        self.batches = 0  # batches started since the last exchange
+        self.batch_items = 0
+
+
+_END, _EXCHANGE, _SAMPLE = 0, 1, 2
+
+
+class _Sim:
+    def __init__(self, model: PipelineModel, arrivals: np.ndarray, dropper: str, cfg: SimConfig):
+        self.model = model
+        self.cfg = cfg
+        self.arrivals = arrivals
+        self.slo_s = model.slo_s
+        self.max_batch = dict(cfg.max_batch or nexus_batch_sizes(model))
+        self.rng = random.Random(cfg.seed)
+        sigma2 = math.log1p(cfg.duration_cv**2)
+        self.noise = (-sigma2 / 2.0, math.sqrt(sigma2))
+        self.metrics = PardMetrics(window_s=cfg.goodput_window_s)
+        self.modules: dict[str, _Module] = {}
+        for m in model.modules:
+            planner = StatePlanner(
+                m,
+                model.graph,
+                model.profile,
+                window_s=cfg.queue_window_s,
+                wait_quantile=cfg.wait_quantile,
+                wait_samples=cfg.wait_samples,
+                batch_sizes=self.max_batch,
+                workers=cfg.workers_of(m),
+                seed=cfg.seed,
+            )
+            mod = _Module(m, planner, create_dropper(dropper, planner))
+            mod.max_batch = self.max_batch[m]
+            mod.subs = model.subs[m]
+            mod.pres = max(1, len(model.pres[m]))
+            mod.workers = [_Worker(mod, i) for i in range(cfg.workers_of(m))]
+            self.modules[m] = mod
+        self.dropper_name = self.modules[model.source].dropper.name
+        self.refresh = isinstance(self.modules[model.source].dropper, RequestBroker)
+        n = len(arrivals)
+        self.finish = np.full(n, np.nan)
+        self.outcome = np.zeros(n, dtype=np.int8)
+        self.dropped_at: list[str | None] = [None] * n
+        self.batches: list[BatchRecord] = []
+        self.timeline: list[TimelinePoint] = []
+        self.events: list[tuple[float, int, int, Any]] = []
+        self.seq = 0
+        self.in_flight = 0
+        self.counts = [0, 0, 0]  # on time, late, dropped
+
+    def push(self, t: float, kind: int, obj: Any) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (t, self.seq, kind, obj))
+
+    def run(self) -> None:
+        arrivals, events = self.arrivals.tolist(), self.events
+        self.push(self.cfg.exchange_period_s, _EXCHANGE, None)
+        self.push(1.0, _SAMPLE, None)
+        sinks = len(self.model.sinks)
+        i, n = 0, len(arrivals)
+        horizon = math.ceil(arrivals[-1]) if n else 0.0  # sample at least every trace second
+        while True:
+            t_next = arrivals[i] if i < n else math.inf
+            if events and events[0][0] <= t_next:
+                t, _, kind, obj = heapq.heappop(events)
+                if kind == _END:
+                    self.end_batch(obj, t)
+                elif i >= n and not self.in_flight and t > horizon:
+                    continue  # periodic events stop once every request has ended
+                elif kind == _EXCHANGE:
+                    self.exchange(t)
+                else:
+                    self.sample(t)
+            elif i < n:
+                req = _Req(i, t_next, sinks)
+                self.metrics.arrived(i, self.model.name, self.slo_s, t_next)
+                self.in_flight += 1
+                self.deliver(req, self.model.source, t_next)
+                i += 1
+            else:
+                return
+
+    # ---- request flow ---------------------------------------------------------------------
+
+    def deliver(self, req: _Req, module_id: str, now: float) -> None:
+        if req.dead:
+            return
+        mod = self.modules[module_id]
+        if mod.pres > 1:  # merge: wait for every branch
+            left = req.merge_left.get(module_id, mod.pres) - 1
+            req.merge_left[module_id] = left
+            if left > 0:
+                return
+        workers = mod.workers
+        w = workers[0] if len(workers) == 1 else min(workers, key=_Worker.load)
+        w.queue.push(PipelineRequest(req.index, req.sent_s + self.slo_s, self.slo_s, now, req), now)
+        req.at[module_id] = w
+        if w.running is None:
+            self.start_batch(w, now)
+        elif len(w.open) < mod.max_batch:
+            self.fill(w, now)
+
+    def fill(self, w: _Worker, now: float) -> None:
+        """Add queued requests to the open batch, which starts at the running batch's end."""
+        mod = w.module
+        ctx = mod.planner.context(w.expected_end_s, mod.max_batch)
+        plan = mod.dropper.form_batch(w.queue, ctx, now, room=mod.max_batch - len(w.open))
+        w.open.extend(plan.requests)
+        for request, _ in plan.dropped:
+            self.drop(request.item, mod.id, now)
+
+    def start_batch(self, w: _Worker, now: float) -> None:
+        mod = w.module
+        if not w.open:
+            if not w.queue:
+                return
+            ctx = mod.planner.context(now, mod.max_batch)  # idle worker: t_e = now
+            plan = mod.dropper.form_batch(w.queue, ctx, now, room=mod.max_batch)
+            for request, _ in plan.dropped:
+                self.drop(request.item, mod.id, now)
+            w.open = plan.requests
+            if not w.open:
+                return
+        batch, w.open = w.open, []
+        for r in batch:
+            r.item.at.pop(mod.id, None)
+        profiled_s = self.model.duration_s(mod.id, len(batch))
+        mu, sigma = self.noise
+        duration_s = (
+            profiled_s * math.exp(mu + sigma * self.rng.gauss(0.0, 1.0)) if sigma else profiled_s
+        )
+        w.running = batch
+        w.expected_end_s = now + profiled_s
+        mod.batches += 1
+        mod.batch_items += len(batch)
+        self.batches.append(BatchRecord(mod.id, w.index, now, duration_s, len(batch)))
+        self.push(now + duration_s, _END, (w, duration_s))
+        if w.queue:  # Fig. 3b: collect the next batch right after this one begins
+            self.fill(w, now)
+
+    def end_batch(self, obj: tuple[_Worker, float], now: float) -> None:
+        w, duration_s = obj
+        batch, w.running = w.running or [], None
+        mod = w.module
+        self.metrics.batch_executed(mod.id, [r.request_id for r in batch], duration_s, now)
+        self.start_batch(w, now)
+        for r in batch:
+            req: _Req = r.item
+            if req.dead:
+                continue
+            if not mod.subs:
+                req.sinks_left -= 1
+                if req.sinks_left == 0:
+                    self.complete(req, now)
+            for sub in mod.subs:
+                self.deliver(req, sub, now)
+
+    def complete(self, req: _Req, now: float) -> None:
+        latency_s = now - req.sent_s
+        self.metrics.completed(req.index, latency_s, now)
+        on_time = latency_s <= self.slo_s
+        self.outcome[req.index] = ON_TIME if on_time else LATE
+        self.counts[0 if on_time else 1] += 1
+        self.finish[req.index] = now
+        self.in_flight -= 1
+
+    def drop(self, req: _Req, module_id: str, now: float) -> None:
+        req.at.pop(module_id, None)
+        if req.dead:
+            return
+        req.dead = True
+        self.metrics.dropped(req.index, module_id, now)
+        self.outcome[req.index] = DROPPED
+        self.counts[2] += 1
+        self.finish[req.index] = now
+        self.dropped_at[req.index] = module_id
+        self.in_flight -= 1
+        for w in req.at.values():  # sibling sub-requests of a DAG leave their queues
+            if w.queue.remove(req.index) is None:
+                w.open = [r for r in w.open if r.request_id != req.index]
+        req.at.clear()
+
+    # ---- periodic events ------------------------------------------------------------------
+
+    def exchange(self, now: float) -> None:
+        states = []
+        for mod in self.modules.values():
+            if mod.batches:
+                mod.planner.set_batch_size(max(1, round(mod.batch_items / mod.batches)))
+                mod.batches = mod.batch_items = 0
+            state = mod.exchange.publish(mod.planner, now)
+            if state is not None:
+                states.append(state)
+        for mod in self.modules.values():
+            for state in states:
+                mod.planner.merge(state)
+            if self.refresh:
+                mod.planner.refresh()
+        self.push(now + self.cfg.exchange_period_s, _EXCHANGE, None)
+
+    def sample(self, now: float) -> None:
+        s = self.metrics.pipeline(self.model.name, now)
+        self.timeline.append(TimelinePoint(now, s.goodput_rps, s.on_time, s.dropped, s.late))
+        self.push(now + 1.0, _SAMPLE, None)
+
+
+def simulate_pipeline(
+    model: PipelineModel,
+    arrivals_s: Sequence[float] | np.ndarray,
+    dropper: str = "pard",
+    config: SimConfig | None = None,
+) -> PipelineRun:
+    """Run every arrival through the pipeline under `dropper` until the last request ends."""
+    arrivals = np.sort(np.asarray(arrivals_s, dtype=float))
+    if len(arrivals) and not (np.isfinite(arrivals).all() and arrivals[0] >= 0):
+        raise ValueError("pipeline arrivals_s: need finite times >= 0")
+    t0 = time.perf_counter()
+    sim = _Sim(model, arrivals, dropper, config or SimConfig())
+    sim.run()
+    end = max([*sim.finish[np.isfinite(sim.finish)].tolist(), 0.0])
+    return PipelineRun(
+        pipeline=model.name,
+        dropper=sim.dropper_name,
+        slo_s=model.slo_s,
+        max_batch=sim.max_batch,
+        arrivals_s=arrivals,
+        finish_s=sim.finish,
+        outcome=sim.outcome,
+        dropped_at=sim.dropped_at,
+        batches=sim.batches,
+        summary=sim.metrics.pipeline(model.name, end),
+        modules={m: sim.metrics.module(m) for m in model.modules},
+        timeline=sim.timeline,
+        wall_s=time.perf_counter() - t0,
+    )
