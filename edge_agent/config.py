@@ -1,7 +1,7 @@
 """Typed configuration of an edge agent, and its loader from CLI options and the environment.
 
-The environment is read in ``load_agent_config`` only (``TAILGATE_AGENT_TOKEN``), from the
-mapping it is given.
+The environment is read in ``load_agent_config`` only (``TAILGATE_AGENT_TOKEN``,
+``TAILGATE_AGENT_TOKEN_FILE``), from the mapping it is given.
 
 Errors::
 
@@ -33,6 +33,7 @@ __all__ = [
 ]
 
 ENV_TOKEN = "TAILGATE_AGENT_TOKEN"
+ENV_TOKEN_FILE = "TAILGATE_AGENT_TOKEN_FILE"
 READERS = ("simulated", "iio", "command")
 POLICIES = ("tf-edfq", "t-edfq", "priq", "fifo")
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
@@ -195,22 +196,28 @@ def option_of(name: str) -> str:
 
 
 def _token(args: Mapping[str, Any], env: Mapping[str, str]) -> str | None:
-    path = args.get("token_file")
+    path, where = args.get("token_file"), "--token-file"
+    if not path:
+        token = env.get(ENV_TOKEN, "").strip()
+        if token:
+            return token
+        path, where = env.get(ENV_TOKEN_FILE, "").strip(), ENV_TOKEN_FILE
     if path:
         try:
             token = Path(path).read_text().strip()
         except OSError as exc:
-            raise AgentConfigError("--token-file", f"cannot read {path}: {exc.strerror}") from exc
+            raise AgentConfigError(where, f"cannot read {path}: {exc.strerror}") from exc
         if not token:
-            raise AgentConfigError("--token-file", f"{path} is empty")
+            raise AgentConfigError(where, f"{path} is empty")
         return token
-    return env.get(ENV_TOKEN, "").strip() or None
+    return None
 
 
 def load_agent_config(args: Mapping[str, Any], env: Mapping[str, str]) -> AgentConfig:
     """Build the config from CLI options (argparse dests, None = default) and the environment.
 
-    The token comes from ``token_file`` if given, else from ``TAILGATE_AGENT_TOKEN``.
+    The token comes from ``token_file`` if given, else from ``TAILGATE_AGENT_TOKEN``, else
+    from the file named by ``TAILGATE_AGENT_TOKEN_FILE`` (as for the gateway).
     """
     values: dict[str, Any] = {}
     for f in fields(AgentConfig):

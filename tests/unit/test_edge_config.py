@@ -68,9 +68,16 @@ def test_loader_maps_options_and_keeps_the_token_out_of_repr(tmp_path: Path) -> 
     assert ts.register_interval_s == 3.0
 
 
-def test_token_comes_from_the_environment_when_no_file() -> None:
+def test_token_comes_from_the_environment_when_no_file(tmp_path: Path) -> None:
     assert load_agent_config(options(), {ENV_TOKEN: " tok \n"}).token == "tok"
     assert load_agent_config(options(), {}).token is None
+    # As for the gateway: the variable wins, then the file the second variable names.
+    (tmp_path / "t").write_text("from-file\n")
+    env = {"TAILGATE_AGENT_TOKEN_FILE": str(tmp_path / "t")}
+    assert load_agent_config(options(), env).token == "from-file"
+    assert load_agent_config(options(), {**env, ENV_TOKEN: "var"}).token == "var"
+    with pytest.raises(AgentConfigError, match="TAILGATE_AGENT_TOKEN_FILE: cannot read"):
+        load_agent_config(options(), {"TAILGATE_AGENT_TOKEN_FILE": str(tmp_path / "none")})
 
 
 @pytest.mark.parametrize(
