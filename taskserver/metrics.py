@@ -6,7 +6,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
-from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 # Task times span sub-millisecond key-value lookups to second-long inference.
@@ -107,7 +107,7 @@ class TaskServerMetrics:
         )
         self._tasks_by_status = {
             s: self.tasks.labels(server=server_id, status=s)
-            for s in ("ok", "failed", "cancelled", "rejected")
+            for s in ("ok", "failed", "cancelled", "rejected", "dropped")
         }
         self.deadline_misses = Counter(
             "tailgate_taskserver_deadline_misses_total",
@@ -150,3 +150,40 @@ class TaskServerMetrics:
     def task_done(self, status: str) -> None:
         """Count one finished task."""
         self._tasks_by_status[status].inc()
+
+
+class PipelineCollector(Collector):
+    """A pipeline executor's figures (PARD §5.1 metrics), read from its snapshot at scrape."""
+
+    def __init__(self, snapshot: Callable[[], dict], server_id: str) -> None:
+        self._snapshot = snapshot
+        self._server = server_id
+
+    def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
+        snap = self._snapshot()
+        labels = [self._server, str(snap["pipeline"]), str(snap["dropper"])]
+        names = ["server", "pipeline", "dropper"]
+        for key, doc in (
+            ("goodput_rps", "Requests finished within their budget per second (recent window)."),
+            ("drop_rate", "(Dropped + finished late) / all finished requests."),
+            ("invalid_rate", "Model time spent on requests finally dropped / all model time."),
+        ):
+            g = GaugeMetricFamily(f"tailgate_pipeline_{key}", doc, labels=names)
+            g.add_metric(labels, float(snap[key]))
+            yield g
+        drops = CounterMetricFamily(
+            "tailgate_pipeline_drops",
+            "Requests dropped, by the module that dropped them.",
+            labels=[*names, "module"],
+        )
+        for module, n in sorted(snap["drops_by_module"].items()):
+            drops.add_metric([*labels, str(module)], float(n))
+        yield drops
+        batch = GaugeMetricFamily(
+            "tailgate_pipeline_mean_batch",
+            "Mean batch size each module ran.",
+            labels=[*names, "module"],
+        )
+        for module, m in sorted(snap["modules"].items()):
+            batch.add_metric([*labels, f"{module}:{m['name']}"], float(m["mean_batch"]))
+        yield batch

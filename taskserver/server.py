@@ -293,6 +293,11 @@ def build_service(
         from taskserver.metrics import TaskServerMetrics
 
         metrics = TaskServerMetrics(registry, config.server_id)
+        snapshot = getattr(executor, "snapshot", None)
+        if callable(snapshot):  # a pipeline executor: its PARD metrics too
+            from taskserver.metrics import PipelineCollector
+
+            registry.register(PipelineCollector(snapshot, config.server_id))
     return TaskService(
         config.server_id,
         create_task_queue(config.policy, max_len=config.max_queue),

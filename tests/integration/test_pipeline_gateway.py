@@ -7,6 +7,7 @@ import aiohttp
 import pytest
 
 from tests.integration.conftest import Cluster, query, register
+from tests.integration.harness import free_port
 
 pytest.importorskip("onnxruntime")
 pytestmark = pytest.mark.integration
@@ -20,7 +21,10 @@ async def test_a_pipeline_query_returns_model_outputs_and_a_doomed_one_is_droppe
     gw = cluster.gateway(
         '[[pools]]\nname = "default"\n[pools.prior]\nkind = "constant"\nvalue_ms = 1.0\n'
     )
-    ts = cluster.taskserver("gpu-1", "--pipeline", "traffic", "--providers", "cpu")
+    metrics_port = free_port()
+    ts = cluster.taskserver(
+        "gpu-1", "--pipeline", "traffic", "--providers", "cpu", "--metrics-port", str(metrics_port)
+    )
     await register(http, gw, ts, slots=256)
     status, body, _ = await query(
         http,
@@ -57,3 +61,12 @@ async def test_a_pipeline_query_returns_model_outputs_and_a_doomed_one_is_droppe
     assert status == 503 and headers["Retry-After"], body
     assert body["error"]["code"] == "task_dropped"
     assert "object_detection" in body["error"]["message"]
+    # The server's /metrics carries the drop and the pipeline's PARD figures.
+    async with http.get(f"http://127.0.0.1:{metrics_port}/metrics") as r:
+        text = await r.text()
+    assert 'tailgate_taskserver_tasks_total{server="gpu-1",status="dropped"} 1.0' in text
+    assert (
+        'tailgate_pipeline_drops_total{dropper="pard",module="1",pipeline="traffic",'
+        'server="gpu-1"} 1.0'
+    ) in text
+    assert "tailgate_pipeline_goodput_rps{" in text and "tailgate_pipeline_invalid_rate{" in text
