@@ -35,8 +35,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from onnx_models.profile import default_profile_path, load_profile
-from onnx_models.spec import load_pipeline, pipeline_path
+from deploy.pipelines import pipeline_config
 from taskserver.executors import ExecutorError
 from taskserver.pard import Profile
 from taskserver.pipeline import (
@@ -76,22 +75,8 @@ def make_executor(config: PipelineConfig, emulate: bool) -> PipelineExecutor:
 
 def config_for(name: str, providers: str, profile: object = None) -> PipelineConfig:
     """A PipelineConfig from a shipped (or given) spec and its profile file (or `profile`)."""
-    spec = load_pipeline(pipeline_path(name))
-    if profile is None:
-        profile = load_profile(default_profile_path(spec), spec)
-    modules = tuple(
-        ModuleConfig(
-            id=str(m.id),
-            name=m.name,
-            model=m.model,
-            pres=m.pres,
-            subs=m.subs,
-            batch_sizes=m.batch_sizes,
-            input_shape=m.input_shape,
-        )
-        for m in spec.modules
-    )
-    return PipelineConfig(spec.name, spec.slo_ms, modules, profile=profile, providers=providers)
+    config = pipeline_config(name, providers=providers)
+    return config if profile is None else dataclasses.replace(config, profile=profile)
 
 
 def isolated(config: PipelineConfig, repeats: int) -> dict[str, dict[int, float]]:

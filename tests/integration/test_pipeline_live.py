@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from onnx_models.profile import default_profile_path, load_profile
-from onnx_models.spec import load_pipeline, pipeline_path
-from taskserver.pipeline import ModuleConfig, PipelineConfig, PipelineDropped, PipelineExecutor
+from deploy.pipelines import pipeline_config
+from taskserver.pipeline import PipelineConfig, PipelineDropped, PipelineExecutor
 
 pytestmark = pytest.mark.integration
 pytest.importorskip("onnxruntime")
@@ -18,22 +18,7 @@ pytest.importorskip("onnxruntime")
 
 def shipped_config(name: str, **overrides: object) -> PipelineConfig:
     """A PipelineConfig from a shipped spec and its profile, on CPU."""
-    spec = load_pipeline(pipeline_path(name))
-    profile = load_profile(default_profile_path(spec), spec)
-    modules = tuple(
-        ModuleConfig(
-            id=str(m.id),
-            name=m.name,
-            model=m.model,
-            pres=m.pres,
-            subs=m.subs,
-            batch_sizes=m.batch_sizes,
-            input_shape=m.input_shape,
-        )
-        for m in spec.modules
-    )
-    fields: dict = {"profile": profile, "providers": "cpu"} | overrides
-    return PipelineConfig(spec.name, spec.slo_ms, modules, **fields)
+    return dataclasses.replace(pipeline_config(name, providers="cpu"), **overrides)
 
 
 @pytest.fixture
