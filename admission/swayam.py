@@ -289,6 +289,7 @@ def required_backends(
     send_ms: float = 0.5,
     reply_ms: float = 0.5,
     retry_delay_ms: float = 1.0,
+    dispatch: str = "retry",
 ) -> int:
     """Smallest n meeting the p-th percentile target at rate * burst; max_backends if none does."""
     return estimate_backends(
@@ -301,6 +302,7 @@ def required_backends(
         send_ms=send_ms,
         reply_ms=reply_ms,
         retry_delay_ms=retry_delay_ms,
+        dispatch=dispatch,
     ).backends
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from admission import AdmissionController, PolicyValueError, Pressure, QueryInfo
 from admission.queueing_models import central_waiting_cdf, erlang_c
-from admission.swayam import estimate_backends
+from admission.swayam import estimate_backends, required_backends
 from admission.throttle import AdmitThrottle
 from deploy.config import ConfigError
 from loadtests.sim.pool import PoolScenario, load_pool_scenario, simulate_pool
@@ -97,6 +97,7 @@ def test_central_dispatch_needs_fewer_backends_than_random_with_retries() -> Non
     retry = estimate_backends(2000.0, service, dispatch="retry", **kw)
     assert central.meets_target and retry.meets_target
     assert 2 < central.backends < retry.backends
+    assert required_backends(2000.0, service, dispatch="central", **kw) == central.backends
     with pytest.raises(PolicyValueError, match="dispatch"):
         estimate_backends(10.0, service, dispatch="magic", **kw)
 
