@@ -21,10 +21,13 @@ def pipeline_config(
     profile: str | Path | None = None,
     dropper: str = "pard",
     providers: str = "auto",
+    local: tuple[str, ...] = (),
+    peers: dict[str, str] | None = None,
 ) -> PipelineConfig:
     """The PipelineConfig of a spec (a shipped name such as "traffic", or a file path).
 
-    The profile defaults to the one written next to the spec by `tailgate profile`.
+    The profile defaults to the one written next to the spec by `tailgate profile`. `local`
+    and `peers` make it one stage of a pipeline split across task servers.
     Raises PipelineSpecError / ProfileError / PipelineConfigError (all ValueErrors) naming
     the file and field that is wrong.
     """
@@ -49,4 +52,6 @@ def pipeline_config(
         profile=prof,
         dropper=dropper,
         providers=providers,
+        local=local,
+        peers=peers or {},
     )

@@ -2,10 +2,10 @@
 
 Layout: ``store`` (SQLAlchemy Core sensor store), ``readers`` (simulated, Linux IIO,
 external command), ``sensing`` (the task executor and its result encoding), ``profiles``
-(heterogeneity emulation for loopback testbeds), ``backfill``, ``config`` and ``agent``
-(the runtime on top of the task server shell). The agent's code path imports only the
-standard library, thriftpy2, SQLAlchemy (uvloop if present; aiohttp only for a metrics
-port) and ``taskserver``.
+(heterogeneity emulation for loopback testbeds), ``backfill``, ``config``, ``agent``
+(the runtime on top of the task server shell) and ``metrics`` (the sampler's Prometheus
+metrics). The agent's code path imports only the standard library, thriftpy2, SQLAlchemy
+(uvloop if present; prometheus_client only for a metrics port) and ``taskserver``.
 
 Errors::
 

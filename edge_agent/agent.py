@@ -3,8 +3,9 @@
 ``run_agent`` opens the store (integrity check first), samples the reader every
 ``sample_interval_s``, prunes readings older than the retention every
 ``prune_interval_s``, and serves sensing tasks through ``taskserver.server.serve`` until
-cancelled (SIGTERM in the CLI). Reader and store faults while sampling are logged and
-counted (the ``status`` sensing task shows the counts) and never stop the agent.
+told to stop (SIGTERM in the CLI: it drains first, see ``run_agent``). Reader and store
+faults while sampling are logged and counted (the ``status`` sensing task shows the
+counts) and never stop the agent.
 
 Errors: a StoreError from opening the store propagates (the CLI exits non-zero); so does
 an OSError from binding the Thrift port.
@@ -19,7 +20,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edge_agent.config import AgentConfig
 from edge_agent.profiles import make_profile
@@ -34,6 +35,9 @@ from edge_agent.sensing import SensingExecutor
 from edge_agent.store import SensorStore, StoreError
 from taskserver.config import TaskServerConfig
 from taskserver.server import serve
+
+if TYPE_CHECKING:  # loaded only with a metrics port
+    from prometheus_client import CollectorRegistry
 
 __all__ = [
     "Sampler",
@@ -197,10 +201,24 @@ def task_server_config(config: AgentConfig) -> TaskServerConfig:
         pool=config.pool,
         advertise=config.advertise,
         register_interval_s=config.register_interval_s,
+        drain_timeout_s=config.drain_timeout_s,
         token=config.token,
         cluster=config.cluster,
         seed=config.seed,
     )
+
+
+def _metrics_registry(config: AgentConfig, sampler: Sampler) -> CollectorRegistry | None:
+    """A registry with the sampler's metrics when the agent serves /metrics, else None."""
+    if not config.metrics_port:
+        return None  # prometheus_client is never imported then
+    from prometheus_client import CollectorRegistry
+
+    from edge_agent.metrics import SamplerCollector
+
+    registry = CollectorRegistry()
+    registry.register(SamplerCollector(sampler.status, config.agent_id, config.cluster))
+    return registry
 
 
 async def run_agent(
@@ -208,8 +226,14 @@ async def run_agent(
     ready: Callable[[str], None] | None = None,
     *,
     clock: Callable[[], float] = time.time,
+    stop: asyncio.Event | None = None,
 ) -> None:
-    """Run the agent until cancelled; `ready` gets the task server's JSON line once listening."""
+    """Run the agent until `stop` is set (then drain) or until cancelled.
+
+    `ready` gets the task server's JSON line once listening. Draining is the task server's
+    (taskserver.lifecycle): no new task, the queue served within drain_timeout_s, the rest
+    sent back REJECTED, the gateways told; sampling goes on until it is done.
+    """
     # Store reads, writes and reader calls go through asyncio.to_thread: a few threads are
     # plenty for one SD card, and each extra thread would keep a malloc arena of its own.
     loop = asyncio.get_running_loop()
@@ -245,7 +269,13 @@ async def run_agent(
                 _prune_forever(store, config.retention_s, config.prune_interval_s, clock)
             )
         )
-        await serve(task_server_config(config), ready, executor=executor)
+        await serve(
+            task_server_config(config),
+            ready,
+            executor=executor,
+            registry=_metrics_registry(config, sampler),
+            stop=stop,
+        )
     finally:
         for task in background:
             task.cancel()

@@ -99,6 +99,8 @@ class AgentConfig:
     """HTTP port for /metrics and /healthz (0: none, and prometheus_client is not loaded)."""
     register_interval_s: float = 3.0
     """Registration period: the agent's heartbeat towards the gateway."""
+    drain_timeout_s: float = 3.0
+    """On SIGTERM, serve queued tasks for at most this long; the rest go back REJECTED."""
 
     def __post_init__(self) -> None:
         if not _ID.fullmatch(self.agent_id):
@@ -133,6 +135,8 @@ class AgentConfig:
             "register_interval_s",
         ):
             _positive(name, getattr(self, name))
+        if not 0 <= self.drain_timeout_s <= 600:
+            raise ValueError(f"drain_timeout_s: must be 0..600, got {self.drain_timeout_s}")
         if self.policy not in POLICIES:
             raise ValueError(f"policy: must be one of {', '.join(POLICIES)}, got {self.policy!r}")
         if self.slots < 1:

@@ -39,7 +39,8 @@ class TaskServerConfig:
     seed: int | None = None
     """Seed of the emulated service-time draws (None: random)."""
     gateway_url: str | None = None
-    """Gateway to register with (e.g. http://127.0.0.1:8080); None: do not register."""
+    """Gateway to register with (e.g. http://127.0.0.1:8080), or several replicas separated by
+    commas; None: do not register."""
     pool: str = "default"
     """Pool this server registers into."""
     advertise: str | None = None
@@ -48,6 +49,9 @@ class TaskServerConfig:
     """Re-registration period; keeps the server known across gateway restarts."""
     idle_exit_s: float = 0.0
     """Retire after this long without a task (Swayam's passive scale-in); 0: never."""
+    drain_timeout_s: float = 3.0
+    """On SIGTERM, serve what is queued for at most this long, then send the rest back
+    REJECTED; keep it above the largest class SLO plus the gateway's grace."""
     token: str | None = field(default=None, repr=False)
     """Shared registration token sent to the gateway as a Bearer credential (None: none)."""
     cluster: str | None = None
@@ -73,5 +77,7 @@ class TaskServerConfig:
             raise ValueError(f"emulation: must be 'sleep' or 'spin', got {self.emulation!r}")
         if self.idle_exit_s < 0:
             raise ValueError(f"idle_exit_s: must be >= 0, got {self.idle_exit_s}")
+        if not 0 <= self.drain_timeout_s <= 600:
+            raise ValueError(f"drain_timeout_s: must be 0..600, got {self.drain_timeout_s}")
         if self.register_interval_s <= 0:
             raise ValueError(f"register_interval_s: must be > 0, got {self.register_interval_s}")

@@ -184,6 +184,14 @@ class PipelineCollector(Collector):
             "Mean batch size each module ran.",
             labels=[*names, "module"],
         )
+        invalid = GaugeMetricFamily(
+            "tailgate_pipeline_module_invalid_rate",
+            "Model time a module spent on requests finally dropped / its model time.",
+            labels=[*names, "module"],
+        )
         for module, m in sorted(snap["modules"].items()):
-            batch.add_metric([*labels, f"{module}:{m['name']}"], float(m["mean_batch"]))
+            batch.add_metric([*labels, str(module)], float(m["mean_batch"]))
+            if "invalid_rate" in m:
+                invalid.add_metric([*labels, str(module)], float(m["invalid_rate"]))
         yield batch
+        yield invalid

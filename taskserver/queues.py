@@ -192,13 +192,30 @@ class TaskQueue:
             return []
         self._removed.update(same_query)
         self._live -= len(same_query)
+        self._compact()
+        return list(same_query.values())
+
+    def remove_where(self, pred: Callable[[QueuedTask], bool]) -> list[QueuedTask]:
+        """Cancel every queued task pred selects (say, those of a closed connection)."""
+        out: list[QueuedTask] = []
+        for query_id in list(self._by_query):
+            same_query = self._by_query[query_id]
+            for seq in [seq for seq, task in same_query.items() if pred(task)]:
+                out.append(same_query.pop(seq))
+                self._removed.add(seq)
+            if not same_query:
+                del self._by_query[query_id]
+        self._live -= len(out)
+        self._compact()
+        return out
+
+    def _compact(self) -> None:
         # Compact once tombstones are the majority, so the heap stays O(live) in size.
         if len(self._removed) > len(self._heap) // 2:
             removed = self._removed
             self._heap = [e for e in self._heap if e[-2] not in removed]
             heapq.heapify(self._heap)
             removed.clear()
-        return list(same_query.values())
 
     def drain(self) -> list[QueuedTask]:
         """Remove and return every live task, in policy order (for shutdown); counters untouched."""

@@ -12,13 +12,30 @@ import asyncio
 import json
 import urllib.error
 import urllib.request
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["GatewayUnreachable", "gateway_call"]
+if TYPE_CHECKING:
+    from taskserver.config import TaskServerConfig
+
+__all__ = ["GatewayUnreachable", "auth_headers", "gateway_call", "gateway_urls"]
 
 
 class GatewayUnreachable(Exception):
     """The gateway did not answer (connection refused, timeout, bad URL)."""
+
+
+def gateway_urls(spec: str | None) -> list[str]:
+    """The gateways a server registers with: a URL, or several separated by commas.
+
+    Several gateway replicas each need to know the server; behind one load-balanced
+    address a registration would reach only one of them, so name each replica.
+    """
+    return [u.strip().rstrip("/") for u in (spec or "").split(",") if u.strip()]
+
+
+def auth_headers(config: TaskServerConfig) -> dict[str, str]:
+    """The registration credential, if this server has a token."""
+    return {"Authorization": f"Bearer {config.token}"} if config.token else {}
 
 
 def _call(

@@ -4,6 +4,9 @@ Tasks arrive as oneway ``submit`` messages carrying their remaining budgets;
 the server turns a budget into a local deadline on receipt (hosts share no
 clock), queues the task by policy, serves ``slots`` tasks at once and sends
 each result back on the connection the task came from, with durations only.
+Told to stop, it drains (taskserver.lifecycle): every task it took gets an
+outcome. A gateway that holds this server's queue claims it on its heartbeat
+(taskserver.ownership), and tasks from any other gateway are then refused.
 """
 
 from __future__ import annotations
@@ -19,8 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 from taskserver.config import TaskServerConfig
 from taskserver.executors import EmulatedExecutor, Executor, ExecutorError, TaskDropped
+from taskserver.exposition import Reply, Route, start_http
+from taskserver.lifecycle import drain_and_leave, register_forever, retire_when_idle
+from taskserver.ownership import OwnerLease
 from taskserver.queues import Dequeued, QueuedTask, QueueFull, TaskQueue, create_task_queue
-from taskserver.registration import GatewayUnreachable, gateway_call
 from taskserver.service_time import make_distribution
 from taskserver.wire import (
     ONEWAY,
@@ -31,8 +36,7 @@ from taskserver.wire import (
     thrift,
 )
 
-if TYPE_CHECKING:  # prometheus_client and aiohttp.web only load when metrics are served
-    from aiohttp import web
+if TYPE_CHECKING:  # prometheus_client only loads when metrics are served
     from prometheus_client import CollectorRegistry
 
     from taskserver.metrics import TaskServerMetrics
@@ -75,9 +79,17 @@ class TaskService:
         self.draining = False
         self.last_activity = clock()
         """When the last task arrived or finished (for idle retirement)."""
-        self._running: dict[asyncio.Task[None], str] = {}
-        """Executing tasks -> their query id (at most `slots` entries)."""
+        self._running: dict[asyncio.Task[None], _Inbound] = {}
+        """Executing tasks -> what came with them (at most `slots` entries)."""
         self._conns: set[ThriftConnection] = set()
+        self.lease = OwnerLease()
+        """The gateway that owns this server's slots (central queueing), if any."""
+        self._peers: dict[ThriftConnection, str] = {}
+        """Connection -> the id of the gateway that claimed this server on it."""
+        self._stop_reason: str | None = None
+        """Set when running tasks are given up (drain timeout, stop): their error."""
+        self._idle_waiters: list[asyncio.Future[None]] = []
+        self._closed = False
         self._t = thrift()
         if metrics is not None:
             metrics.bind_gauges(lambda: len(self.queue), lambda: self.busy)
@@ -93,6 +105,12 @@ class TaskService:
 
         def on_lost(_: Exception | None) -> None:
             self._conns.discard(conn)
+            self._drop_tasks_of(conn)
+            gateway_id = self._peers.pop(conn, None)
+            if gateway_id is not None and gateway_id not in self._peers.values():
+                # The owner's last connection closed: a standby may take over at once.
+                if self.lease.release(gateway_id):
+                    log.info("server %s: owner gateway %s went away", self.server_id, gateway_id)
 
         conn = ThriftConnection(types, on_message, on_lost, batcher=Batcher.result())
         self._conns.add(conn)
@@ -108,9 +126,12 @@ class TaskService:
         elif name == "cancel":
             self.cancel(body.query_id)
         elif name == "status":
-            conn.reply(name, seqid, self.status())
+            conn.reply(name, seqid, self.status(conn, getattr(body, "claim", None)))
         elif name == "ping":
             conn.reply(name, seqid, body.token or "")
+        elif name == "pipeline_state":
+            published = getattr(self.executor, "published_state", None)
+            conn.reply(name, seqid, published() if callable(published) else b"")
         if mtype != ONEWAY and name in ("submit", "submit_batch", "cancel"):
             # A stock client may send oneway methods as plain calls; answer them.
             conn.reply(name, seqid, None)
@@ -122,6 +143,10 @@ class TaskService:
         self.last_activity = now
         if self.draining:
             self._send(conn, task, 3, now, now, 0.0, False, error="server is draining")
+            return
+        if not self.lease.admits(self._peers.get(conn), now):
+            error = f"server is owned by gateway {self.lease.holder(now)} (central queueing)"
+            self._send(conn, task, 3, now, now, 0.0, False, error=error)
             return
         try:
             queued = QueuedTask(
@@ -151,7 +176,7 @@ class TaskService:
                 return
             self.busy += 1
             runner = asyncio.get_running_loop().create_task(self._run(dq, now))
-            self._running[runner] = dq.task.query_id
+            self._running[runner] = dq.task.item
 
     async def _run(self, dq: Dequeued, dequeued_s: float) -> None:
         inbound: _Inbound = dq.task.item
@@ -166,7 +191,8 @@ class TaskService:
         except ExecutorError as exc:
             status, error = 1, str(exc)
         except asyncio.CancelledError:
-            status, error = 2, "cancelled"
+            # Given up by a drain or a stop: REJECTED, so the gateway may retry elsewhere.
+            status, error = (3, self._stop_reason) if self._stop_reason else (2, "cancelled")
         except Exception as exc:  # an executor bug must not kill the server
             log.exception("executor failed on task %s/%s", task.query_id, task.task_index)
             status, error = 1, f"internal error: {exc!r}"
@@ -194,6 +220,7 @@ class TaskService:
         )
         if not self.draining or len(self.queue):
             self._pump()
+        self._check_idle()
 
     def _send(
         self,
@@ -233,10 +260,21 @@ class TaskService:
         """Drop the query's queued tasks and cancel its running ones."""
         removed = self.queue.remove_query(query_id)
         self._cancel_queued(removed, "cancelled")
-        running = [r for r, qid in self._running.items() if qid == query_id]
+        running = [r for r, inb in self._running.items() if inb.task.query_id == query_id]
         for runner in running:
             runner.cancel()
+        self._check_idle()
         return len(removed) + len(running)
+
+    def _drop_tasks_of(self, conn: ThriftConnection) -> None:
+        """A gateway's connection closed: nobody waits for its tasks any more; stop them."""
+        self._cancel_queued(
+            self.queue.remove_where(lambda qt: qt.item.conn is conn), "gateway went away"
+        )
+        for runner, inbound in list(self._running.items()):
+            if inbound.conn is conn:
+                runner.cancel()
+        self._check_idle()
 
     def _cancel_queued(self, queued: list[QueuedTask], reason: str) -> None:
         """Report CANCELLED for tasks taken out of the queue before they ran."""
@@ -247,8 +285,12 @@ class TaskService:
                 inbound.conn, inbound.task, 2, inbound.received_s, now, 0.0, False, error=reason
             )
 
-    def status(self) -> Any:
-        """The ServerStatus struct."""
+    def status(self, conn: ThriftConnection | None = None, claim: Any = None) -> Any:
+        """The ServerStatus struct; a gateway's ownership claim on `conn` is handled first."""
+        now = self.clock()
+        if conn is not None and claim is not None and claim.gateway_id:
+            self._claim(conn, claim.gateway_id, claim.lease_ms / 1000.0, now)
+        owner = self.lease.holder(now)
         return self._t.ServerStatus(
             server_id=self.server_id,
             policy=str(self.queue.policy.value),
@@ -259,20 +301,71 @@ class TaskService:
             deadline_misses=self.queue.missed,
             draining=self.draining,
             executor=self.executor.name,
+            owner=owner,
+            owner_lease_ms=None if owner is None else self.lease.remaining_s(now) * 1000.0,
         )
 
-    async def close(self) -> None:
-        """Cancel everything queued and running."""
+    def _claim(self, conn: ThriftConnection, gateway_id: str, lease_s: float, now: float) -> None:
+        """A gateway claims this server's slots (taskserver.ownership); logs a new owner."""
+        self._peers[conn] = gateway_id
+        before = self.lease.holder(now)
+        decision = self.lease.claim(gateway_id, lease_s, now)
+        if decision.granted and before != gateway_id:
+            log.info("server %s: now owned by gateway %s", self.server_id, gateway_id)
+
+    # -- draining and stopping -------------------------------------------------
+    def _check_idle(self) -> None:
+        if self._idle_waiters and not self.busy and not len(self.queue):
+            waiters, self._idle_waiters = self._idle_waiters, []
+            for fut in waiters:
+                if not fut.done():
+                    fut.set_result(None)
+
+    async def drain(self, timeout_s: float) -> tuple[int, int]:
+        """Take no new task; serve the queue for at most timeout_s, then give up on the rest.
+
+        Returns (finished, given_up): tasks that ran to an outcome during the drain, and
+        tasks sent back REJECTED unfinished. Every task's fate reaches its gateway.
+        """
         self.draining = True
-        self._cancel_queued(self.queue.drain(), "server stopping")
+        done_before = self.tasks_done
+        if self.busy or len(self.queue):
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._idle_waiters.append(fut)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(fut, timeout_s)
+        finished = self.tasks_done - done_before
+        given_up = await self._give_up(
+            f"server draining: not finished within its drain timeout ({timeout_s:g} s)"
+        )
+        return finished, given_up
+
+    async def _give_up(self, reason: str) -> int:
+        """Send every queued and running task back REJECTED with `reason`; how many."""
+        self.draining = True
+        self._stop_reason = reason
+        queued = self.queue.drain()
+        now = self.clock()
+        for qt in queued:
+            inbound: _Inbound = qt.item
+            self._send(
+                inbound.conn, inbound.task, 3, inbound.received_s, now, 0.0, False, error=reason
+            )
         runners = list(self._running)
         for r in runners:
             r.cancel()
         if runners:
             await asyncio.gather(*runners, return_exceptions=True)
+        return len(queued) + len(runners)
+
+    async def close(self) -> None:
+        """Give up on everything queued and running (REJECTED), then close the connections."""
+        await self._give_up("server stopping")
         for conn in list(self._conns):
             conn.close()
-        await self.executor.close()
+        if not self._closed:
+            self._closed = True
+            await self.executor.close()
 
 
 def build_service(
@@ -307,92 +400,45 @@ def build_service(
     )
 
 
-def _metrics_app(service: TaskService, registry: CollectorRegistry) -> web.Application:
-    from aiohttp import web
+def _metrics_routes(service: TaskService, registry: CollectorRegistry) -> dict[str, Route]:
     from prometheus_client import generate_latest
     from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-    async def metrics(_: web.Request) -> web.Response:
-        return web.Response(
-            body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
-        )
+    def metrics() -> Reply:
+        return 200, CONTENT_TYPE_LATEST, generate_latest(registry)
 
-    async def healthz(_: web.Request) -> web.Response:
+    def healthz() -> Reply:
         st = service.status()
-        return web.json_response(
-            {
-                "status": "draining" if st.draining else "ok",
-                "server_id": st.server_id,
-                "queued": st.queued,
-                "busy": st.busy,
-                "slots": st.slots,
-            }
-        )
+        body = {
+            "status": "draining" if st.draining else "ok",
+            "server_id": st.server_id,
+            "queued": st.queued,
+            "busy": st.busy,
+            "slots": st.slots,
+        }
+        return 200, "application/json", json.dumps(body).encode()
 
-    app = web.Application()
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/healthz", healthz)
-    return app
-
-
-def auth_headers(config: TaskServerConfig) -> dict[str, str]:
-    """The registration credential, if this server has a token."""
-    return {"Authorization": f"Bearer {config.token}"} if config.token else {}
-
-
-async def _register_forever(config: TaskServerConfig, address: str, slots: int) -> None:
-    """Register with the gateway now and every interval (idempotent; survives its restarts).
-
-    Each registration doubles as this server's heartbeat towards the gateway.
-    """
-    assert config.gateway_url
-    url = config.gateway_url.rstrip("/") + "/v1/servers"
-    body: dict[str, Any] = {
-        "id": config.server_id,
-        "pool": config.pool,
-        "address": address,
-        "slots": slots,
-    }
-    if config.cluster:
-        body["cluster"] = config.cluster
-    headers = auth_headers(config)
-    while True:
-        try:
-            status, text = await gateway_call("POST", url, body, headers)
-        except GatewayUnreachable as exc:
-            log.info("gateway %s not reachable yet: %s", url, exc)
-        else:
-            if status == 401:
-                log.error("registration refused: wrong or missing token (401)")
-            elif status >= 400:
-                log.warning("registration refused (%s): %s", status, text)
-        await asyncio.sleep(config.register_interval_s)
-
-
-async def _retire_when_idle(service: TaskService, config: TaskServerConfig) -> None:
-    """Return once no task has come or gone for idle_exit_s (Swayam's passive scale-in)."""
-    while True:
-        await asyncio.sleep(min(1.0, config.idle_exit_s / 4))
-        idle = service.busy == 0 and len(service.queue) == 0
-        if idle and service.clock() - service.last_activity >= config.idle_exit_s:
-            log.info(
-                "task server %s idle for %.0f s: retiring", config.server_id, config.idle_exit_s
-            )
-            if config.gateway_url:
-                url = f"{config.gateway_url.rstrip('/')}/v1/servers/{config.server_id}"
-                with contextlib.suppress(GatewayUnreachable):
-                    await gateway_call("DELETE", url, headers=auth_headers(config))
-            return
+    return {"/metrics": metrics, "/healthz": healthz}
 
 
 async def serve(
     config: TaskServerConfig,
     ready: Callable[[str], None] | None = None,
     executor: Executor | None = None,
+    *,
+    registry: CollectorRegistry | None = None,
+    stop: asyncio.Event | None = None,
 ) -> None:
-    """Run a task server until cancelled (with `executor`, or an emulated one)."""
-    registry = None
-    if config.metrics_port:
+    """Run a task server until `stop` is set or it retires, then drain; or until cancelled.
+
+    With a metrics port, /metrics exports `registry` (a new one if None) with the task
+    server's own metrics added; the announcement then names the metrics address too.
+    Setting `stop` (SIGTERM in the CLI) drains: see taskserver.lifecycle.
+    """
+    stop = asyncio.Event() if stop is None else stop
+    if not config.metrics_port:
+        registry = None
+    elif registry is None:
         from prometheus_client import CollectorRegistry
 
         registry = CollectorRegistry()
@@ -401,17 +447,18 @@ async def serve(
     server = await loop.create_server(service.protocol_factory, config.host, config.port)
     port = server.sockets[0].getsockname()[1]
     address = config.advertise or f"{config.host}:{port}"
-    runner: web.AppRunner | None = None
+    announcement = {"server_id": config.server_id, "address": address}
+    http_server: asyncio.Server | None = None
     background: list[asyncio.Task[None]] = []
+    registration: asyncio.Task[None] | None = None
     try:
         if registry is not None:
-            from aiohttp import web
-
-            runner = web.AppRunner(_metrics_app(service, registry), access_log=None)
-            await runner.setup()
-            await web.TCPSite(runner, config.host, config.metrics_port).start()
+            routes = _metrics_routes(service, registry)
+            http_server = await start_http(config.host, config.metrics_port, routes)
+            announcement["metrics"] = f"{config.host}:{config.metrics_port}"
         if config.gateway_url:
-            background.append(loop.create_task(_register_forever(config, address, config.slots)))
+            registration = loop.create_task(register_forever(config, address, config.slots, stop))
+            background.append(registration)
         log.info(
             "task server %s listening on %s (policy %s, %d slots)",
             config.server_id,
@@ -420,11 +467,15 @@ async def serve(
             config.slots,
         )
         if ready is not None:
-            ready(json.dumps({"server_id": config.server_id, "address": address}))
+            ready(json.dumps(announcement))
+        waits = [loop.create_task(stop.wait())]
         if config.idle_exit_s > 0:
-            await _retire_when_idle(service, config)
-        else:
-            await asyncio.Event().wait()
+            waits.append(loop.create_task(retire_when_idle(service, config)))
+        background += waits
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        stop.set()  # ends the registration loop
+        server.close()  # no new connections while draining
+        await drain_and_leave(service, config, registration)
     finally:
         for t in background:
             t.cancel()
@@ -432,5 +483,7 @@ async def serve(
         await service.close()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(server.wait_closed(), 2.0)
-        if runner is not None:
-            await runner.cleanup()
+        if http_server is not None:
+            http_server.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(http_server.wait_closed(), 2.0)

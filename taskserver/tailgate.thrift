@@ -19,7 +19,8 @@ enum TaskStatus {
   OK = 0,          // executed, `result` holds the payload
   FAILED = 1,      // executor raised; `error` says why
   CANCELLED = 2,   // removed by cancel(query_id) before or while running
-  REJECTED = 3,    // the server refused it (draining, bad payload, queue full)
+  REJECTED = 3,    // the server refused it or gave it up unfinished (draining, owned
+                   // by another gateway, bad payload, queue full); `error` says why
   DROPPED = 4,     // dropped on purpose: it could not meet its deadline (PARD); `error` says where
 }
 
@@ -65,6 +66,17 @@ struct ServerStatus {
   7: required i64 deadline_misses,
   8: required bool draining,
   9: optional string executor,
+  // The gateway that owns this server's slots (central queueing), if a lease
+  // is live, and how long that lease still runs.
+  10: optional string owner,
+  11: optional double owner_lease_ms,
+}
+
+// A gateway that keeps a central queue for this server claims its slots: one
+// owner at a time, for lease_ms after each claim (renewed by every heartbeat).
+struct OwnerClaim {
+  1: required string gateway_id,
+  2: required double lease_ms,
 }
 
 service TaskServer {
@@ -73,8 +85,15 @@ service TaskServer {
   // Removes queued tasks of the query and cancels running ones; each gets a
   // CANCELLED result.
   oneway void cancel(1: string query_id),
-  ServerStatus status(),
+  // The gateway's heartbeat. With `claim`, it also claims or renews ownership;
+  // the reply's `owner` says who holds it (a server that predates claims
+  // ignores the argument and names no owner).
+  ServerStatus status(1: optional OwnerClaim claim),
   string ping(1: string token),
+  // A pipeline stage's module states (JSON: {"pipeline", "states": [...]}) for
+  // the stage before it, which polls at most once per second (PARD state
+  // exchange across processes). Empty when the server runs no pipeline.
+  binary pipeline_state(),
 }
 
 // What the gateway receives back, on the connection that carried the task.

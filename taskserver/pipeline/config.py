@@ -7,6 +7,7 @@ default where one makes sense; a bad value raises PipelineConfigError naming the
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -208,6 +209,14 @@ class PipelineConfig:
     """onnxruntime provider: auto (CUDA when available, else CPU), cpu or cuda."""
     intra_op_threads: int | None = None
     """Threads per session; None: usable CPUs / modules, at least 1 (CPU only)."""
+    local: tuple[str, ...] = ()
+    """Ids of the modules this process runs; () runs them all. The local modules form one
+    stage: its entry modules (the source, or the modules the stage before hands requests
+    to, all at once) reach every other local module."""
+    peers: Mapping[str, str] = field(default_factory=dict)
+    """Where the pipeline goes on after this stage: module id -> ``host:port`` of the task
+    server that runs it (and what follows it). Each sub of a local module that is not local
+    needs one."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -237,6 +246,7 @@ class PipelineConfig:
             )
         self._check_graph()
         self._check_profile()
+        self._check_placement()
 
     def _check_graph(self) -> None:
         by_id: dict[str, ModuleConfig] = {}
@@ -288,6 +298,94 @@ class PipelineConfig:
                         f"pipeline profile: module {m.label} batch {b}: got {ms!r} ms"
                     )
 
+    def _check_placement(self) -> None:
+        """One stage: a single entry, every remote sub has a peer, no way back into the stage."""
+        ids = [m.id for m in self.modules]
+        local = tuple(str(x) for x in self.local) if self.local else tuple(ids)
+        unknown = [x for x in local if x not in ids]
+        if unknown or len(set(local)) != len(local):
+            raise PipelineConfigError(
+                f"pipeline local: need distinct module ids of {ids}, got {list(self.local)}"
+            )
+        object.__setattr__(self, "local", local)
+        peers = dict(self.peers)
+        here = set(local)
+        by_id = {m.id: m for m in self.modules}
+        entries = [m for m in local if not (set(by_id[m].pres) & here)]
+        if any(not by_id[m].pres for m in entries) and len(entries) > 1:
+            raise PipelineConfigError(
+                f"pipeline local: modules {list(local)} hold the source, so they must all "
+                f"follow from it; {[m for m in entries if by_id[m].pres]} do not"
+            )
+        reached: set[str] = set()
+        for e in entries:
+            reached |= _reach(by_id, e, here)
+        if reached != here:  # pragma: no cover - every local module is reached or an entry
+            raise PipelineConfigError(f"pipeline local: {sorted(here - reached)} not reached")
+        exits = {s for m in local for s in by_id[m].subs if s not in here}
+        for sub in sorted(exits):
+            if sub not in peers:
+                raise PipelineConfigError(
+                    f"pipeline peers: module {by_id[sub].label} runs elsewhere; give the "
+                    f"host:port of its task server"
+                )
+            stray = [p for p in by_id[sub].pres if p not in here]
+            if stray:
+                raise PipelineConfigError(
+                    f"pipeline local: module {by_id[sub].label} merges {list(by_id[sub].pres)}; "
+                    f"its pres {stray} must run in this stage too"
+                )
+            back = _reach(by_id, sub, set(ids)) & here
+            if back:
+                raise PipelineConfigError(
+                    f"pipeline local: module {by_id[sub].label} runs elsewhere but leads back "
+                    f"to local modules {sorted(back)}"
+                )
+        by_peer: dict[str, list[str]] = {}
+        for sub in sorted(exits):
+            by_peer.setdefault(str(peers[sub]), []).append(sub)
+        for address, subs in by_peer.items():
+            pres = {tuple(sorted(by_id[x].pres)) for x in subs}
+            if len(pres) > 1:
+                raise PipelineConfigError(
+                    f"pipeline peers: modules {subs} run at {address} and enter it together, "
+                    f"so they need the same pres, got {sorted(pres)}"
+                )
+        reach_of = {
+            a: set().union(*(_reach(by_id, x, set(ids)) for x in subs))
+            for a, subs in by_peer.items()
+        }
+        for a, b in itertools.combinations(sorted(reach_of), 2):
+            both = reach_of[a] & reach_of[b]
+            if both:
+                raise PipelineConfigError(
+                    f"pipeline peers: modules {sorted(both)} follow both the stage at {a} and "
+                    f"the one at {b}; the branches that merge there must enter one stage"
+                )
+        stray_peers = sorted(set(peers) - exits)
+        if stray_peers:
+            raise PipelineConfigError(
+                f"pipeline peers: {stray_peers} are not subs of local modules that run "
+                f"elsewhere (those are {sorted(exits)})"
+            )
+        for mid, address in peers.items():
+            host, sep, port = str(address).rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise PipelineConfigError(
+                    f"pipeline peers: module {mid!r}: need host:port, got {address!r}"
+                )
+        object.__setattr__(self, "peers", peers)
+
+    @property
+    def entries(self) -> tuple[str, ...]:
+        """The modules requests enter this process at: the source, or a hand-off's modules."""
+        here = set(self.local)
+        return tuple(m.id for m in self.modules if m.id in here and not (set(m.pres) & here))
+
+    def runs_here(self, module_id: str) -> bool:
+        """Whether this process runs the module."""
+        return module_id in self.local
+
     @property
     def source(self) -> ModuleConfig:
         """The module every request enters at."""
@@ -303,3 +401,16 @@ class PipelineConfig:
             if m.id == module_id:
                 return m
         raise KeyError(f"pipeline {self.name!r} has no module {module_id!r}")
+
+
+def _reach(by_id: Mapping[str, ModuleConfig], start: str, within: set[str]) -> set[str]:
+    """Modules of `within` reached from `start` along subs (start included if in `within`)."""
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        m = todo.pop()
+        if m in seen or m not in within:
+            continue
+        seen.add(m)
+        todo.extend(by_id[m].subs)
+    return seen

@@ -6,8 +6,16 @@ for all of them (merge, tensors.py). A request carries one id through every bran
 or a cancellation anywhere takes it out of every queue at once and discards what its other
 branches still compute.
 
-State exchange (PARD §4.1 ②): the modules live in one process, so a module's snapshot is
-merged straight into the other planners. Each module publishes at most once per
+Stages (``PipelineConfig.local`` / ``peers``): a pipeline may be split across task servers,
+each running one stage (a connected group of modules with one entry). Where a local module's
+sub runs elsewhere, the request is handed on (remote.py) once all of that sub's pres are done
+here, and counts as one of this request's ends until the later stage answers; its outputs
+and module timings join this stage's result, and a drop there fails the request here at
+once. Payloads with ``entry`` are hand-offs from the stage before.
+
+State exchange (PARD §4.1 ②): modules in this process merge each other's snapshots
+directly; the states of modules in later stages arrive through each PeerLink's poll (at
+most once per period) and are merged the same way. Each module publishes at most once per
 ``exchange_period_s`` (StateExchange); the publications are staggered over the period, one
 module per tick, and a planner refreshes w_k (planner.refresh) in its tick when a state it
 depends on was merged since its last refresh, so no tick holds the loop for more than one
@@ -39,6 +47,7 @@ the sinks; ``modules`` every module the request ran on, in visiting order.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import time
@@ -47,11 +56,26 @@ from typing import Any
 
 import numpy as np
 
-from taskserver.executors import Executor, ExecutorError
-from taskserver.pard import Decision, PardMetrics, StateExchange, StatePlanner, create_dropper
+from taskserver.executors import Executor, ExecutorError, TaskDropped
+from taskserver.pard import (
+    Decision,
+    ModuleState,
+    PardMetrics,
+    StateExchange,
+    StatePlanner,
+    UnknownModule,
+    create_dropper,
+)
 from taskserver.pipeline.config import ModuleConfig, PipelineConfig
-from taskserver.pipeline.errors import PipelineClosed, PipelineConfigError, PipelineDropped
+from taskserver.pipeline.errors import (
+    BadPayload,
+    InferenceFailed,
+    PipelineClosed,
+    PipelineConfigError,
+    PipelineDropped,
+)
 from taskserver.pipeline.flight import BatchRecord, Flight
+from taskserver.pipeline.remote import PeerLink, PeerResult, PeerUnavailable, encode_states
 from taskserver.pipeline.sessions import (
     ModelRunner,
     OnnxModel,
@@ -60,18 +84,22 @@ from taskserver.pipeline.sessions import (
 )
 from taskserver.pipeline.tensors import (
     FULL_REGION,
+    Region,
     detection_region,
+    handoff_payload,
     parse_payload,
     summarize_output,
     union_region,
 )
 from taskserver.pipeline.worker import ModuleWorker
 
-__all__ = ["CANCELLED", "FAILED", "PipelineExecutor"]
+__all__ = ["CANCELLED", "FAILED", "LATER_STAGE", "PipelineExecutor"]
 
 # Pseudo-modules under which PardMetrics counts requests that ended without a policy drop.
 CANCELLED = "(cancelled)"
 FAILED = "(failed)"
+# ... and those dropped by a later stage (which counts the drop at its own module).
+LATER_STAGE = "(later stage)"
 
 
 class PipelineExecutor(Executor):
@@ -91,11 +119,11 @@ class PipelineExecutor(Executor):
         self.clock = clock
         if runners is None:
             providers = resolve_providers(config.providers)
-            threads = config.intra_op_threads or default_intra_op_threads(len(config.modules))
-            runners = {
-                m.id: OnnxModel(m, providers, intra_op_threads=threads) for m in config.modules
-            }
-        missing = [m.id for m in config.modules if m.id not in runners]
+            here = [m for m in config.modules if config.runs_here(m.id)]
+            threads = config.intra_op_threads or default_intra_op_threads(len(here))
+            runners = {m.id: OnnxModel(m, providers, intra_op_threads=threads) for m in here}
+        local = [m for m in config.modules if config.runs_here(m.id)]
+        missing = [m.id for m in local if m.id not in runners]
         if missing:
             raise PipelineConfigError(f"pipeline runners: none given for modules {missing}")
         graph = config.graph()
@@ -103,7 +131,7 @@ class PipelineExecutor(Executor):
         first_sizes = {m.id: m.batch_sizes[0] for m in config.modules}
         self.workers: dict[str, ModuleWorker] = {}
         self._downstream: dict[str, set[str]] = {}
-        for m in config.modules:
+        for m in local:
             planner = StatePlanner(
                 m.id,
                 graph,
@@ -124,9 +152,18 @@ class PipelineExecutor(Executor):
         self.cancelled = 0
         self.failures = 0
         self.exchange_s = 0.0  # loop time spent publishing, merging and refreshing states
-        self._source = config.source
-        self._sinks = sum(1 for m in config.modules if not m.subs)
-        self._exchanges = {m.id: StateExchange(knobs.exchange_period_s) for m in config.modules}
+        self._entries = config.entries
+        self._starts_here = any(not config.module(e).pres for e in self._entries)
+        self.peers: dict[str, PeerLink] = {}  # by address: one link per later stage
+        for addr in dict.fromkeys(config.peers.values()):
+            self.peers[addr] = PeerLink(
+                addr, config.name, self._merge_remote, period_s=knobs.exchange_period_s
+            )
+        self._peer_of = dict(config.peers)  # module id -> address of its stage
+        self._ends = sum(1 for m in local if not m.subs) + len(self.peers)
+        self._exchanges = {m.id: StateExchange(knobs.exchange_period_s) for m in local}
+        self._published: dict[str, ModuleState] = {}  # last state each local module published
+        self._learnt: dict[str, ModuleState] = {}  # states from later stages
         self._stale: set[str] = set()  # planners that merged a downstream state since refresh
         self._flights: dict[int, Flight] = {}
         self._ids = itertools.count(1)
@@ -147,6 +184,17 @@ class PipelineExecutor(Executor):
         if self._closed:
             raise PipelineClosed("pipeline executor is closed")
         request = parse_payload(payload)
+        entries = self._entries
+        if request.entries is not None and set(request.entries) != set(entries):
+            raise BadPayload(
+                f"payload: entries: this stage of pipeline {self.config.name!r} is entered at "
+                f"modules {list(entries)}, not {sorted(request.entries)}"
+            )
+        if request.entries is None and not self._starts_here:
+            raise BadPayload(
+                f"payload: this task server runs the stage of pipeline {self.config.name!r} "
+                f"from modules {list(entries)}; send whole requests to the stage with the source"
+            )
         loop = self._start()
         now = self.clock()
         if request.budget_ms is not None:
@@ -159,12 +207,17 @@ class PipelineExecutor(Executor):
             budget_s=budget_ms / 1000.0,
             received_s=now,
             future=loop.create_future(),
-            sinks_left=self._sinks,
+            sinks_left=self._ends,
         )
         self._flights[flight.request_id] = flight
         self.metrics.arrived(flight.request_id, self.config.name, flight.budget_s, now)
-        flight.regions[self._source.id] = FULL_REGION
-        self.workers[self._source.id].submit(flight, now)
+        if request.entries is not None:  # a hand-off: the frame as the source saw it
+            flight.frame = request.array
+            flight.regions.update(request.entries)
+        else:
+            flight.regions[entries[0]] = FULL_REGION
+        for entry in entries:
+            self.workers[entry].submit(flight, now)
         try:
             await flight.future
         except asyncio.CancelledError:
@@ -185,6 +238,8 @@ class PipelineExecutor(Executor):
             self._fail(flight, PipelineClosed("pipeline executor closed"))
         for worker in self.workers.values():
             await worker.close()
+        for peer in self.peers.values():
+            await peer.close()
 
     # ---- the Router interface (called by the workers) -------------------------------------
 
@@ -218,23 +273,111 @@ class PipelineExecutor(Executor):
         flight.passed[module.id] = region
         if not module.subs:
             flight.outputs[module.id] = output
-            flight.sinks_left -= 1
-            if flight.sinks_left == 0:
-                flight.alive = False
-                self.metrics.completed(flight.request_id, now - flight.received_s, now)
-                if not flight.future.done():
-                    flight.future.set_result(None)
+            self._end_reached(flight, now)
             return
+        handoffs: dict[str, dict[str, Region]] = {}
         for sub_id in module.subs:
-            sub = self.workers[sub_id]
-            pres = sub.module.pres
+            pres = self.config.module(sub_id).pres
             if len(pres) > 1:
                 if any(p not in flight.passed for p in pres):
                     continue  # the merge waits for its other branches
                 flight.regions[sub_id] = union_region([flight.passed[p] for p in pres])
             else:
                 flight.regions[sub_id] = region
-            sub.submit(flight, now)
+            if sub_id in self._peer_of:  # subs bound for one stage get ready together
+                handoffs.setdefault(self._peer_of[sub_id], {})[sub_id] = flight.regions[sub_id]
+            else:
+                self.workers[sub_id].submit(flight, now)
+        for address, entries in handoffs.items():
+            self._hand_off(flight, self.peers[address], entries, now)
+
+    def _end_reached(self, flight: Flight, now: float) -> None:
+        flight.sinks_left -= 1
+        if flight.sinks_left == 0:
+            flight.alive = False
+            self.metrics.completed(flight.request_id, now - flight.received_s, now)
+            if not flight.future.done():
+                flight.future.set_result(None)
+
+    # ---- later stages ---------------------------------------------------------------------
+
+    def _hand_off(
+        self, flight: Flight, peer: PeerLink, entries: dict[str, Region], now: float
+    ) -> None:
+        """Send the request on to a later stage, entering `entries`, with the budget left."""
+        key = peer.new_key()
+        flight.handoffs[key] = peer
+        budget_ms = max((flight.deadline_s - now) * 1000.0, 1e-3)
+        assert flight.frame is not None  # a local module ran, so the frame exists
+        payload = handoff_payload(flight.frame, entries, budget_ms, flight.request.top_k)
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(self._await_stage(flight, peer, key, payload, budget_ms))
+        self._tasks.append(task)
+        task.add_done_callback(self._forget_task)
+
+    def _forget_task(self, task: asyncio.Task[None]) -> None:
+        with contextlib.suppress(ValueError):
+            self._tasks.remove(task)
+
+    async def _await_stage(
+        self, flight: Flight, peer: PeerLink, key: str, payload: bytes, budget_ms: float
+    ) -> None:
+        try:
+            answer = await peer.run(key, payload, budget_ms)
+        except PeerUnavailable as exc:
+            answer = PeerResult("failed", None, str(exc))
+        finally:
+            flight.handoffs.pop(key, None)
+        if not flight.alive:
+            return  # dropped, failed or cancelled meanwhile: the answer is moot
+        now = self.clock()
+        if answer.status == "ok" and answer.result is not None:
+            try:
+                body = json.loads(answer.result)
+                outputs, modules = body["outputs"], body["modules"]
+            except (ValueError, KeyError, TypeError) as exc:
+                answer = PeerResult("failed", None, f"unreadable result: {exc}")
+            else:
+                flight.remote_outputs.update(outputs)
+                for mid, timing in modules.items():
+                    flight.remote_modules[mid] = {**timing, "stage": peer.address}
+                self._end_reached(flight, now)
+                return
+        if answer.status == "dropped":
+            self.metrics.dropped(flight.request_id, LATER_STAGE, now)
+            self._fail(
+                flight, TaskDropped(f"dropped by the stage at {peer.address}: {answer.error}")
+            )
+            return
+        self.failures += 1
+        self.metrics.dropped(flight.request_id, FAILED, now)
+        self._fail(
+            flight,
+            InferenceFailed(f"stage at {peer.address} answered {answer.status}: {answer.error}"),
+        )
+
+    def _merge_remote(self, states: list[ModuleState]) -> None:
+        """States polled from a later stage: merge them into every local planner."""
+        start = time.perf_counter()
+        for state in states:
+            if self.config.runs_here(state.module_id):
+                continue  # our own modules' states are fresher here
+            known = self._learnt.get(state.module_id)
+            if known is None or known.incarnation != state.incarnation or known.seq < state.seq:
+                self._learnt[state.module_id] = state
+            for other_id, worker in self.workers.items():
+                try:
+                    merged = worker.planner.merge(state)
+                except UnknownModule:  # a peer serving another spec
+                    continue
+                if merged and state.module_id in self._downstream[other_id]:
+                    self._stale.add(other_id)
+        self.exchange_s += time.perf_counter() - start
+
+    def published_state(self) -> bytes:
+        """This stage's module states for the stage before it (``pipeline_state``)."""
+        states = {**self._learnt, **self._published}
+        return encode_states(self.config.name, list(states.values()))
 
     # ---- inspection ---------------------------------------------------------------------------
 
@@ -307,6 +450,8 @@ class PipelineExecutor(Executor):
             worker.planner.refresh()  # w_k from the priors, before the first decision
             self._tasks.append(loop.create_task(worker.run(), name=f"pipeline-{worker.id}"))
         self._tasks.append(loop.create_task(self._exchange_loop(), name="pipeline-exchange"))
+        for peer in self.peers.values():
+            peer.start()
         return loop
 
     async def _exchange_loop(self) -> None:
@@ -322,6 +467,7 @@ class PipelineExecutor(Executor):
         worker = self.workers[module_id]
         state = self._exchanges[module_id].publish(worker.planner, now)
         if state is not None:
+            self._published[module_id] = state
             for other_id, other in self.workers.items():
                 if other is not worker and other.planner.merge(state):
                     if module_id in self._downstream[other_id]:
@@ -336,6 +482,7 @@ class PipelineExecutor(Executor):
         for module_id in flight.where:
             self.workers[module_id].remove(flight.request_id)
         flight.where.clear()
+        self._cancel_handoffs(flight)
         if not flight.future.done():
             flight.future.set_exception(error)
 
@@ -348,6 +495,12 @@ class PipelineExecutor(Executor):
         for module_id in flight.where:
             self.workers[module_id].remove(flight.request_id)
         flight.where.clear()
+        self._cancel_handoffs(flight)
+
+    def _cancel_handoffs(self, flight: Flight) -> None:
+        """A lost request: later stages stop spending compute on it."""
+        for key, peer in list(flight.handoffs.items()):
+            peer.cancel(key)
 
     def _result(self, flight: Flight, now: float) -> bytes:
         top_k = flight.request.top_k
@@ -355,10 +508,12 @@ class PipelineExecutor(Executor):
             mid: {"module": self.workers[mid].module.name, **summarize_output(out, top_k)}
             for mid, out in flight.outputs.items()
         }
+        outputs.update(flight.remote_outputs)
         modules = {}
         for mid, timing in flight.timings.items():
             worker = self.workers[mid]
             modules[mid] = {"name": worker.module.name, **timing.to_json(worker.runner.provider)}
+        modules.update(flight.remote_modules)
         result = {
             "pipeline": self.config.name,
             "request": flight.request_id,

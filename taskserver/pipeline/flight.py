@@ -72,6 +72,9 @@ class Flight:
     outputs: dict[str, np.ndarray] = field(default_factory=dict)  # sink -> output row
     timings: dict[str, ModuleTiming] = field(default_factory=dict)  # in visiting order
     where: set[str] = field(default_factory=set)  # modules whose queue or open batch hold it
+    handoffs: dict[str, Any] = field(default_factory=dict)  # key -> PeerLink of a later stage
+    remote_outputs: dict[str, Any] = field(default_factory=dict)  # sinks of later stages
+    remote_modules: dict[str, Any] = field(default_factory=dict)  # their timings, as sent
 
     @property
     def deadline_s(self) -> float:

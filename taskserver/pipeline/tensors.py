@@ -10,6 +10,16 @@ Payload (a JSON object; ``b""`` means ``{}``)::
     "budget_ms": 250                        optional: the remaining end-to-end budget
                                             (default: the pipeline's slo_ms)
     "top_k": 3                              optional: entries per output summary (1..100)
+    "entries": {"2": [x0, y0, x1, y1], ...}
+                                            a hand-off from the stage before (a pipeline split
+                                            across task servers): ``input`` is the frame as the
+                                            source saw it; the request enters these modules,
+                                            each with its region of the frame
+
+Stages hand requests on in a binary form of the same fields (``handoff_payload``): the magic
+``TGHO``, a 4-byte big-endian header length, the JSON header (``input`` without ``b64``) and
+then the frame's raw C-order bytes, so a 600 KB frame is neither base64-encoded nor parsed
+as JSON text on its way between stages.
 
 Neither ``image_seed`` nor ``input``: ``image_seed`` 0. A given frame is fitted to the source
 module's input shape as any module's input is (below), so it need not match it exactly.
@@ -46,6 +56,7 @@ __all__ = [
     "RequestInput",
     "detection_region",
     "fit_input",
+    "handoff_payload",
     "parse_payload",
     "summarize_output",
     "synthetic_frame",
@@ -68,6 +79,7 @@ class RequestInput:
     array: np.ndarray | None
     budget_ms: float | None
     top_k: int
+    entries: dict[str, Region] | None = None  # a hand-off: entry module -> its region
 
     def frame(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         """The source module's input: the synthetic or given frame fitted to `shape`."""
@@ -90,17 +102,24 @@ def _field_error(name: str, expected: str, value: Any) -> BadPayload:
     return BadPayload(f"payload: {name}: {expected}, got {value!r:.80}")
 
 
+HANDOFF_MAGIC = b"TGHO"
+_HEADER_LEN = 4
+
+
 def parse_payload(payload: bytes) -> RequestInput:
     """Parse and check a task payload; BadPayload names the field that is wrong."""
     request: Any = {}
-    if payload and payload.strip():
+    raw: memoryview | None = None
+    if payload[:4] == HANDOFF_MAGIC:
+        request, raw = _split_handoff(payload)
+    elif payload and payload.strip():
         try:
             request = json.loads(payload)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise BadPayload(f"payload: invalid JSON: {exc}") from exc
     if not isinstance(request, dict):
         raise BadPayload(f"payload: must be a JSON object, got {type(request).__name__}")
-    unknown = set(request) - {"image_seed", "input", "budget_ms", "top_k"}
+    unknown = set(request) - {"image_seed", "input", "budget_ms", "top_k", "entries"}
     if unknown:
         raise BadPayload(f"payload: unknown fields {sorted(unknown)}")
     if "image_seed" in request and "input" in request:
@@ -108,7 +127,9 @@ def parse_payload(payload: bytes) -> RequestInput:
     seed = request.get("image_seed", 0 if "input" not in request else None)
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
         raise _field_error("image_seed", "must be an int >= 0", seed)
-    array = _parse_input(request["input"]) if "input" in request else None
+    array = _parse_input(request["input"], raw) if "input" in request else None
+    if raw is not None and (array is None or "entries" not in request):
+        raise BadPayload("payload: a binary hand-off needs input and entries")
     budget = request.get("budget_ms")
     if budget is not None and (
         isinstance(budget, bool)
@@ -120,10 +141,67 @@ def parse_payload(payload: bytes) -> RequestInput:
     top_k = request.get("top_k", 3)
     if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= _MAX_TOP_K:
         raise _field_error("top_k", f"must be an int in 1..{_MAX_TOP_K}", top_k)
-    return RequestInput(seed, array, None if budget is None else float(budget), top_k)
+    entries = _parse_entries(request["entries"], array) if "entries" in request else None
+    return RequestInput(seed, array, None if budget is None else float(budget), top_k, entries)
 
 
-def _parse_input(value: Any) -> np.ndarray:
+def _parse_entries(value: Any, array: np.ndarray | None) -> dict[str, Region]:
+    if not isinstance(value, dict) or not value:
+        raise _field_error("entries", "must be an object of module id -> region", value)
+    if array is None:
+        raise BadPayload("payload: entries: a hand-off needs the frame as input")
+    entries: dict[str, Region] = {}
+    for module_id, region in value.items():
+        if (
+            not isinstance(region, list)
+            or len(region) != 4
+            or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in region)
+            or not (0.0 <= region[0] < region[2] <= 1.0 and 0.0 <= region[1] < region[3] <= 1.0)
+        ):
+            raise _field_error(
+                f"entries.{module_id}", "must be [x0, y0, x1, y1] with 0 <= x0 < x1 <= 1", region
+            )
+        entries[module_id] = (
+            float(region[0]),
+            float(region[1]),
+            float(region[2]),
+            float(region[3]),
+        )
+    return entries
+
+
+def handoff_payload(
+    frame: np.ndarray, entries: dict[str, Region], budget_ms: float, top_k: int
+) -> bytes:
+    """The payload that hands a request on to the stage that runs the `entries` modules."""
+    frame = np.ascontiguousarray(frame)
+    header = json.dumps(
+        {
+            "input": {"shape": list(frame.shape), "dtype": str(frame.dtype)},
+            "entries": {m: list(r) for m, r in entries.items()},
+            "budget_ms": budget_ms,
+            "top_k": top_k,
+        }
+    ).encode()
+    return b"".join((HANDOFF_MAGIC, len(header).to_bytes(_HEADER_LEN, "big"), header, frame.data))
+
+
+def _split_handoff(payload: bytes) -> tuple[Any, memoryview]:
+    view = memoryview(payload)
+    start = len(HANDOFF_MAGIC) + _HEADER_LEN
+    size = int.from_bytes(view[len(HANDOFF_MAGIC) : start], "big")
+    if len(view) < start + size:
+        raise BadPayload(f"payload: hand-off header of {size} bytes is cut short")
+    try:
+        header = json.loads(bytes(view[start : start + size]))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadPayload(f"payload: hand-off header: invalid JSON: {exc}") from exc
+    if not isinstance(header, dict):
+        raise BadPayload("payload: hand-off header: must be a JSON object")
+    return header, view[start + size :]
+
+
+def _parse_input(value: Any, raw: memoryview | None = None) -> np.ndarray:
     if isinstance(value, dict):
         shape, dtype, b64 = value.get("shape"), value.get("dtype", "float32"), value.get("b64")
         if not isinstance(shape, list) or not all(
@@ -132,20 +210,25 @@ def _parse_input(value: Any) -> np.ndarray:
             raise _field_error("input.shape", "must be a list of ints >= 1", shape)
         if dtype not in ("float32", "float16", "float64", "uint8"):
             raise _field_error("input.dtype", "must be float32, float16, float64 or uint8", dtype)
-        if not isinstance(b64, str):
+        if raw is None and not isinstance(b64, str):
             raise _field_error("input.b64", "must be a base64 string", b64)
         if math.prod(shape) > MAX_INPUT_ELEMENTS:
             raise _field_error("input.shape", f"must hold <= {MAX_INPUT_ELEMENTS} values", shape)
-        try:
-            raw = base64.b64decode(b64, validate=True)
-        except (binascii.Error, ValueError) as exc:
-            raise BadPayload(f"payload: input.b64: invalid base64: {exc}") from exc
+        data: bytes | memoryview
+        if raw is not None:
+            data = raw
+        else:
+            try:
+                data = base64.b64decode(b64, validate=True)
+            except (binascii.Error, ValueError) as exc:
+                raise BadPayload(f"payload: input.b64: invalid base64: {exc}") from exc
         expected = math.prod(shape) * np.dtype(dtype).itemsize
-        if len(raw) != expected:
+        if len(data) != expected:
+            where = "input.b64" if raw is None else "hand-off frame"
             raise BadPayload(
-                f"payload: input.b64: {len(raw)} bytes, shape {shape} of {dtype} needs {expected}"
+                f"payload: {where}: {len(data)} bytes, shape {shape} of {dtype} needs {expected}"
             )
-        array = np.frombuffer(raw, dtype=dtype).reshape(shape)
+        array = np.frombuffer(data, dtype=dtype).reshape(shape)
     elif isinstance(value, list):
         try:
             array = np.asarray(value, dtype=np.float32)

@@ -1,0 +1,131 @@
+"""A task server's life with its gateways: register, heartbeat, retire, drain and leave.
+
+A server given gateway URLs registers with each of them and re-registers every interval
+(the registration is its heartbeat). It leaves in one way, whether it was told to stop
+(SIGTERM) or retires after idling (Swayam's passive scale-in): it stops re-registering,
+tells every gateway it is draining (``DELETE /v1/servers/{id}?drain_s=...``: the gateway
+takes it out of the selection at once and waits for its outstanding tasks), serves what
+it has queued for at most ``drain_timeout_s``, sends whatever is left back REJECTED, and
+stays connected until the gateways let go (or LEAVE_MARGIN_S more), answering any task
+still sent REJECTED: every task's fate reaches its gateway before the connection closes.
+A gateway that lists the server in its configuration instead of taking registrations
+learns of the drain from its heartbeat (``ServerStatus.draining``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import urllib.parse
+from typing import TYPE_CHECKING, Any
+
+from taskserver.registration import GatewayUnreachable, auth_headers, gateway_call, gateway_urls
+
+if TYPE_CHECKING:
+    from taskserver.config import TaskServerConfig
+    from taskserver.server import TaskService
+
+__all__ = ["drain_and_leave", "register_forever", "retire_when_idle"]
+
+log = logging.getLogger(__name__)
+
+LEAVE_MARGIN_S = 2.0
+"""The gateway waits this much longer than the server drains: the server's own verdicts
+(REJECTED) then reach it before it gives up on the link."""
+
+
+async def register_forever(
+    config: TaskServerConfig, address: str, slots: int, stop: asyncio.Event
+) -> None:
+    """Register with every gateway now and every interval, until `stop` is set.
+
+    Idempotent, so a restarted gateway learns the server again. A registration in flight
+    when `stop` is set completes before this returns (none may land after the DELETE).
+    """
+    body: dict[str, Any] = {
+        "id": config.server_id,
+        "pool": config.pool,
+        "address": address,
+        "slots": slots,
+    }
+    if config.cluster:
+        body["cluster"] = config.cluster
+    headers = auth_headers(config)
+    urls = [u + "/v1/servers" for u in gateway_urls(config.gateway_url)]
+    while not stop.is_set():
+        await asyncio.gather(*(_register(url, body, headers) for url in urls))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), config.register_interval_s)
+
+
+async def _register(url: str, body: dict[str, Any], headers: dict[str, str]) -> None:
+    try:
+        status, text = await gateway_call("POST", url, body, headers)
+    except GatewayUnreachable as exc:
+        log.info("gateway %s not reachable yet: %s", url, exc)
+    else:
+        if status == 401:
+            log.error("registration at %s refused: wrong or missing token (401)", url)
+        elif status >= 400:
+            log.warning("registration at %s refused (%s): %s", url, status, text)
+
+
+async def retire_when_idle(service: TaskService, config: TaskServerConfig) -> None:
+    """Return once no task has come or gone for idle_exit_s (Swayam's passive scale-in)."""
+    while True:
+        await asyncio.sleep(min(1.0, config.idle_exit_s / 4))
+        idle = service.busy == 0 and len(service.queue) == 0
+        if idle and service.clock() - service.last_activity >= config.idle_exit_s:
+            log.info(
+                "task server %s idle for %.0f s: retiring", config.server_id, config.idle_exit_s
+            )
+            return
+
+
+async def drain_and_leave(
+    service: TaskService, config: TaskServerConfig, registration: asyncio.Task[None] | None
+) -> None:
+    """Tell the gateways, serve the queue within drain_timeout_s, give up on the rest.
+
+    `registration` is the register_forever task, already told to stop.
+    """
+    t0 = time.monotonic()
+    service.draining = True  # from here on a new task is REJECTED ("server is draining")
+    if registration is not None:
+        with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+            await asyncio.wait_for(registration, LEAVE_MARGIN_S)
+    leaving = [
+        asyncio.create_task(_deregister(url, config)) for url in gateway_urls(config.gateway_url)
+    ]
+    pending = service.busy + len(service.queue)
+    finished, given_up = await service.drain(config.drain_timeout_s)
+    log.info(
+        "task server %s drained in %.2f s: %d task(s) in hand, %d finished, %d given up",
+        config.server_id,
+        time.monotonic() - t0,
+        pending,
+        finished,
+        given_up,
+    )
+    if leaving:
+        # Connected until the gateways let go: a task a gateway still sends (one it held in
+        # its own queue) is answered REJECTED instead of being lost with the connection.
+        await asyncio.wait(leaving, timeout=LEAVE_MARGIN_S)
+    await service.close()
+
+
+async def _deregister(url: str, config: TaskServerConfig) -> None:
+    drain_s = min(config.drain_timeout_s + LEAVE_MARGIN_S, 600.0)
+    server_id = urllib.parse.quote(config.server_id, safe="")
+    target = f"{url}/v1/servers/{server_id}?drain_s={drain_s:g}"
+    try:
+        status, text = await gateway_call(
+            "DELETE", target, headers=auth_headers(config), timeout_s=drain_s + LEAVE_MARGIN_S
+        )
+    except GatewayUnreachable as exc:
+        log.info("could not deregister at %s: %s", url, exc)
+        return
+    if status >= 400 and status != 404:
+        log.warning("deregistration at %s refused (%s): %s", url, status, text)

@@ -1,0 +1,117 @@
+"""One stage of a pipeline split across task servers: placement checks and hand-off payloads."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from taskserver.pard import ModuleState
+from taskserver.pipeline import BadPayload, ModuleConfig, PipelineConfigError, parse_payload
+from taskserver.pipeline.remote import decode_states, encode_states
+from taskserver.pipeline.tensors import handoff_payload
+from tests.unit.test_pipeline_runtime import chain_modules, make_config
+
+
+def dag_modules() -> tuple[ModuleConfig, ...]:
+    """1 -> {2, 3} -> 4 (a split and a merge)."""
+    spec = {
+        "1": ((), ("2", "3")),
+        "2": (("1",), ("4",)),
+        "3": (("1",), ("4",)),
+        "4": (("2", "3"), ()),
+    }
+    return tuple(
+        ModuleConfig(id=m, name=f"m{m}", model=Path(f"m{m}.onnx"), pres=p, subs=s)
+        for m, (p, s) in spec.items()
+    )
+
+
+def test_all_modules_run_here_by_default():
+    config = make_config(chain_modules(3))
+    assert config.local == ("1", "2", "3") and config.entries == ("1",) and not config.peers
+
+
+@pytest.mark.parametrize(
+    ("modules", "local", "peers", "entries"),
+    [
+        (chain_modules(3), ("1",), {"2": "127.0.0.1:9102"}, ("1",)),
+        (chain_modules(3), ("2", "3"), {}, ("2",)),
+        (chain_modules(3), ("2",), {"3": "h:1"}, ("2",)),
+        (dag_modules(), ("1",), {"2": "h:1", "3": "h:1"}, ("1",)),
+        (dag_modules(), ("2", "3", "4"), {}, ("2", "3")),
+        (dag_modules(), ("1", "2", "3"), {"4": "h:2"}, ("1",)),
+    ],
+)
+def test_valid_stages(modules, local, peers, entries):
+    config = make_config(modules, local=local, peers=peers)
+    assert config.entries == entries
+    assert all(config.runs_here(m) for m in local)
+
+
+@pytest.mark.parametrize(
+    ("modules", "local", "peers", "message"),
+    [
+        (chain_modules(3), ("1",), {}, r"m2 \(id 2\) runs elsewhere; give the host:port"),
+        (chain_modules(3), ("1", "9"), {}, "need distinct module ids"),
+        (chain_modules(3), ("1", "3"), {"2": "h:1"}, "must all follow from it"),
+        (chain_modules(4), ("2", "4"), {"3": "h:1"}, "leads back to local modules"),
+        (chain_modules(3), ("1",), {"2": "h:1", "3": "h:2"}, r"\['3'\] are not subs"),
+        (chain_modules(3), ("1",), {"2": "nohost"}, "need host:port, got 'nohost'"),
+        (dag_modules(), ("1", "2"), {"3": "h:1", "4": "h:1"}, "its pres"),
+        # 2 and 3 would need two hand-offs to one stage: its merge could not join them
+        (
+            dag_modules(),
+            ("1",),
+            {"2": "h:1", "3": "h:2"},
+            "follow both the stage at h:1 and the one at h:2",
+        ),
+        (dag_modules(), ("1", "4"), {"2": "h:1", "3": "h:1"}, "must all follow from it"),
+    ],
+)
+def test_bad_stages_name_the_problem(modules, local, peers, message):
+    with pytest.raises(PipelineConfigError, match=message):
+        make_config(modules, local=local, peers=peers)
+
+
+def test_a_hand_off_payload_round_trips_the_frame_and_regions():
+    frame = np.random.default_rng(1).random((3, 6, 5), dtype=np.float32)
+    raw = handoff_payload(frame, {"2": (0.1, 0.2, 0.5, 0.9)}, 123.5, 4)
+    request = parse_payload(raw)
+    assert request.entries == {"2": (0.1, 0.2, 0.5, 0.9)}
+    assert request.budget_ms == 123.5 and request.top_k == 4
+    assert request.array is not None and np.array_equal(request.array, frame)
+
+
+@pytest.mark.parametrize(
+    ("entries", "message"),
+    [
+        ({}, "entries: must be an object"),
+        ({"2": [0.5, 0, 0.4, 1]}, r"entries\.2: must be \[x0, y0, x1, y1\]"),
+        ({"2": [0, 0, 1]}, r"entries\.2"),
+    ],
+)
+def test_bad_hand_offs_name_the_field(entries, message):
+    frame = base64.b64encode(np.zeros((1, 2, 2), np.float32).tobytes()).decode()
+    body = {"input": {"shape": [1, 2, 2], "dtype": "float32", "b64": frame}, "entries": entries}
+    with pytest.raises(BadPayload, match=message):
+        parse_payload(json.dumps(body).encode())
+
+
+def test_a_hand_off_needs_the_frame():
+    with pytest.raises(BadPayload, match="a hand-off needs the frame"):
+        parse_payload(json.dumps({"image_seed": 1, "entries": {"2": [0, 0, 1, 1]}}).encode())
+
+
+def test_module_states_survive_the_wire_and_bad_ones_are_refused():
+    states = [ModuleState("2", 4, 1, 0.012, (0.0, 0.3, 1.0), seq=7, incarnation=3)]
+    assert decode_states("traffic", encode_states("traffic", states)) == states
+    assert decode_states("traffic", b"") == []
+    with pytest.raises(ValueError, match="serves pipeline 'live'"):
+        decode_states("traffic", encode_states("live", states))
+    bad = json.dumps({"pipeline": "traffic", "states": [{"module_id": "2", "batch_size": 0}]})
+    with pytest.raises(ValueError, match="batch_size"):
+        decode_states("traffic", bad.encode())
