@@ -13,6 +13,7 @@ from aiohttp import web
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from gateway import dashboard
 from gateway.errors import ApiError, BadRequest, NotFound, PayloadTooLarge, Unauthorized
 from gateway.openapi import openapi_document
 from gateway.requests import parse_query, parse_register
@@ -42,6 +43,16 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status, "http_error")
         body = {"error": {"code": code, "message": exc.reason, "field": None}}
         return web.json_response(body, status=exc.status)
+
+
+@web.middleware
+async def _close_when_draining(request: web.Request, handler: Any) -> web.StreamResponse:
+    """While draining, answer with `Connection: close`: clients reconnect, through the load
+    balancer, to another replica."""
+    response = await handler(request)
+    if request.app[SERVICE_KEY].draining:
+        response.force_close()
+    return response
 
 
 async def _json_body(request: web.Request) -> Any:
@@ -171,6 +182,32 @@ async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok", "servers_up": up, "servers": len(service.links)})
 
 
+async def livez(request: web.Request) -> web.Response:
+    """GET /livez: the process serves HTTP (also while draining)."""
+    service = request.app[SERVICE_KEY]
+    status = "draining" if service.draining else "ok"
+    return web.json_response({"status": status, "gateway_id": service.instance_id})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    """GET /readyz: 200 while the gateway admits queries, 503 while starting or draining.
+
+    Live servers are not required: they register after the gateway is up, and a query with
+    none gets its own 503.
+    """
+    service = request.app[SERVICE_KEY]
+    up = sum(1 for lk in service.links.values() if lk.is_up)
+    ready = service.started and not service.draining
+    status = "ready" if ready else "draining" if service.draining else "starting"
+    body = {
+        "status": status,
+        "gateway_id": service.instance_id,
+        "servers_up": up,
+        "servers": len(service.links),
+    }
+    return web.json_response(body, status=200 if ready else 503)
+
+
 async def metrics(request: web.Request) -> web.Response:
     """GET /metrics in the Prometheus text format."""
     service = request.app[SERVICE_KEY]
@@ -193,14 +230,19 @@ ROUTES: list[tuple[str, str, Any]] = [
     ("GET", "/v1/admission", get_admission),
     ("GET", "/v1/autoscaler", get_autoscaler),
     ("GET", "/healthz", healthz),
+    ("GET", "/livez", livez),
+    ("GET", "/readyz", readyz),
     ("GET", "/metrics", metrics),
     ("GET", "/openapi.json", openapi),
+    *dashboard.routes(lambda request: request.app[SERVICE_KEY]),
 ]
 
 
 def create_app(service: GatewayService) -> web.Application:
     """The aiohttp application; starts and stops the service with the app."""
-    app = web.Application(middlewares=[_errors], client_max_size=service.config.max_body_bytes)
+    app = web.Application(
+        middlewares=[_close_when_draining, _errors], client_max_size=service.config.max_body_bytes
+    )
     app[SERVICE_KEY] = service
     for method, path, handler in ROUTES:
         app.router.add_route(method, path, handler)
@@ -214,10 +256,22 @@ def create_app(service: GatewayService) -> web.Application:
     return app
 
 
-async def serve(service: GatewayService, ready: Callable[[str], None] | None = None) -> None:
-    """Serve the API on the configured host and port until cancelled."""
+async def serve(
+    service: GatewayService,
+    ready: Callable[[str], None] | None = None,
+    *,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Serve the API on the configured host and port until `stop` is set, or cancelled.
+
+    Setting `stop` (SIGTERM, SIGINT in the CLI) drains: /readyz turns 503, new queries get
+    503 `draining`, the queries in flight are answered (service.drain), and only then does
+    the listener close; /metrics and the other read-only endpoints serve throughout.
+    """
     config = service.config
-    runner = web.AppRunner(create_app(service), access_log=None)
+    stop = asyncio.Event() if stop is None else stop
+    # Handlers still running after the drain are registration calls: a short wait is plenty.
+    runner = web.AppRunner(create_app(service), access_log=None, shutdown_timeout=5.0)
     await runner.setup()
     try:
         site = web.TCPSite(runner, config.host, config.port)
@@ -229,6 +283,13 @@ async def serve(service: GatewayService, ready: Callable[[str], None] | None = N
             await service.enable_autoscaler(url, [])
         if ready is not None:
             ready(json.dumps({"url": url}))
-        await asyncio.Event().wait()
+        await stop.wait()
+        report = await service.drain()
+        log.info(
+            "gateway drained %d queries in %.2f s%s",
+            report.queries,
+            report.seconds,
+            f" ({report.cut} cut at the drain bound)" if report.cut else "",
+        )
     finally:
         await runner.cleanup()

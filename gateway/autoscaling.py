@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -64,6 +64,8 @@ class AutoscalerLoop:
         self.tasks_seen = 0
         self.last_error = ""
         self.actions: deque[dict[str, Any]] = deque(maxlen=100)
+        self.decisions: Counter[str] = Counter()
+        """Decisions taken, by action: up, down or hold."""
         self._task: asyncio.Task[None] | None = None
         self._last_tick = clock()
         self._tasks_at_tick = 0
@@ -112,6 +114,8 @@ class AutoscalerLoop:
             if quantiles:
                 self.policy.observe(now, rate, quantiles)
             decision = self.policy.decide(now, replicas)
+        action_name = "up" if decision.delta > 0 else "down" if decision.delta < 0 else "hold"
+        self.decisions[action_name] += 1
         if decision.delta == 0:
             return None
         target = decision.replicas
@@ -128,6 +132,10 @@ class AutoscalerLoop:
         # Misses that led to this step say nothing about the new capacity.
         self.window = MissRatioWindow(window_tasks=self.config.window_tasks)
         return action
+
+    def replicas_now(self) -> int:
+        """Servers of the scaled pool registered now."""
+        return len(self.service.pool_members.get(self.config.pool, []))
 
     def _service_quantiles(self) -> list[float]:
         members = self.service.pool_members.get(self.config.pool, [])

@@ -281,9 +281,10 @@ class GatewayConfig:
     max_fanout: int = 10_000
     """Largest fanout a query may ask for."""
     heartbeat_s: float = 1.0
-    """Ping period on every server link."""
+    """Heartbeat (status call) period on every server link."""
     heartbeat_timeout_s: float = 3.0
-    """A server that has not answered a ping for this long is marked down."""
+    """A server that has not answered a heartbeat for this long is marked down; also how long
+    a central-queueing gateway's claim on a server lasts without renewal."""
     retry_after_s: int = 1
     """Retry-After sent with 503 answers."""
     cdf_window: int = 4096
@@ -301,10 +302,30 @@ class GatewayConfig:
     token: str | None = field(default=None, repr=False)
     """Registration token: POST and DELETE on /v1/servers need `Authorization: Bearer <token>`
     (None: registration is open). Give it as $TAILGATE_AGENT_TOKEN or in a token file."""
+    storage_url: str = "sqlite:///tailgate-gateway.db"
+    """Where the history behind the dashboard is kept: any SQLAlchemy URL (a relative SQLite
+    path is in the working directory; postgresql+psycopg://... for PostgreSQL); "" keeps it in
+    memory only."""
+    history_interval_s: float = 5.0
+    """Seconds between two history samples."""
+    history_retention_s: float = 6 * 3600.0
+    """History older than this is deleted."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port: must be 0..65535, got {self.port}")
+        if self.storage_url and "://" not in self.storage_url:
+            raise ValueError(
+                f"storage_url: expected a SQLAlchemy URL such as sqlite:///tailgate-gateway.db "
+                f'or "" (in memory), got {self.storage_url!r}'
+            )
+        if not (math.isfinite(self.history_interval_s) and self.history_interval_s > 0):
+            raise ValueError(f"history_interval_s: must be > 0, got {self.history_interval_s}")
+        if not self.history_retention_s >= self.history_interval_s:
+            raise ValueError(
+                f"history_retention_s: must be >= history_interval_s "
+                f"({self.history_interval_s}), got {self.history_retention_s}"
+            )
         if self.token is not None:
             check_token(self.token)
         if not self.classes:

@@ -5,6 +5,11 @@ In ``server`` queueing a task goes out at once with its remaining budgets; in
 only when the server has a free slot (TailGuard Fig. 2: the queue may sit in
 the query handler). Whatever happens to the connection, every outstanding
 task gets an outcome: a result, or a failure the moment the link is lost.
+
+The heartbeat is the server's ``status`` call: it measures the round trip, learns when
+the server drains (it then leaves the selection until it is back), and in central
+queueing claims the server for this gateway (taskserver.ownership): a server owned by
+another gateway is connected but takes no task from this one.
 """
 
 from __future__ import annotations
@@ -28,6 +33,9 @@ from taskserver.wire import (
 )
 
 log = logging.getLogger(__name__)
+
+_REPOLL_S = 0.05
+"""After a rejected task the heartbeat asks for the status this soon (once per burst)."""
 
 
 class LinkDown(Exception):
@@ -58,6 +66,7 @@ class PendingTask:
 
 ResultCallback = Callable[["ServerLink", PendingTask, Any, float], None]
 FailureCallback = Callable[["ServerLink", PendingTask, str, str], None]
+ChangeCallback = Callable[["ServerLink"], None]
 
 
 class ServerLink:
@@ -79,6 +88,8 @@ class ServerLink:
         clock: Callable[[], float] = time.perf_counter,
         heartbeat_s: float = 1.0,
         heartbeat_timeout_s: float = 3.0,
+        gateway_id: str = "",
+        on_change: ChangeCallback | None = None,
     ) -> None:
         self.server_id = server_id
         self.host = host
@@ -97,6 +108,14 @@ class ServerLink:
         """When the server last registered or refreshed its registration (clock time)."""
         self.draining = False
         """Being deregistered: finishes what it has, takes nothing new."""
+        self.gateway_id = gateway_id
+        """This gateway's instance id, sent with ownership claims (central queueing)."""
+        self.on_change = on_change
+        """Called when server_draining or owner changes."""
+        self.server_draining = False
+        """The server said (heartbeat) that it drains: it takes no new task."""
+        self.owner: str | None = None
+        """The gateway the server says owns its slots (None: no owner, or an older server)."""
         self.last_error = ""
         self.outstanding: dict[str, PendingTask] = {}
         self.queue = create_task_queue(policy) if central else None
@@ -111,6 +130,8 @@ class ServerLink:
         self._closing = False
         self._up = asyncio.Event()
         self._idle_waiters: list[asyncio.Future[None]] = []
+        self._poll_now = asyncio.Event()
+        """Set to make the heartbeat ask for the status at once (a task was rejected)."""
         self._t = thrift()
         self._types = gateway_body_types()
 
@@ -120,9 +141,20 @@ class ServerLink:
         return f"{self.host}:{self.port}"
 
     @property
+    def owned_elsewhere(self) -> str | None:
+        """The id of another gateway that owns this server now, if one does."""
+        owner = self.owner
+        return owner if owner is not None and owner != self.gateway_id else None
+
+    @property
     def is_up(self) -> bool:
-        """Connected, answering heartbeats and taking new tasks."""
-        return self.state == "up" and not self.draining
+        """Connected, answering heartbeats and taking new tasks from this gateway."""
+        return (
+            self.state == "up"
+            and not self.draining
+            and not self.server_draining
+            and self.owned_elsewhere is None
+        )
 
     # -- lifecycle ------------------------------------------------------
     def start(self) -> None:
@@ -198,12 +230,19 @@ class ServerLink:
             await self._heartbeat(conn)
 
     async def _heartbeat(self, conn: ThriftConnection) -> None:
-        args = self._t.TaskServer.ping_args(token="hb")
+        claim = None
+        if self.central and self.gateway_id:
+            # The lease outlives a missed heartbeat or two, not a dead gateway.
+            claim = self._t.OwnerClaim(self.gateway_id, self.heartbeat_timeout_s * 1000.0)
+        args = self._t.TaskServer.status_args(claim=claim)
         first = True
-        while not conn.closed:
+        # `_closing` is checked besides the cancellation close() sends: on Python 3.11 a
+        # wait_for whose inner wait has just finished swallows a cancellation.
+        while not conn.closed and not self._closing:
             start = self.clock()
+            self._poll_now.clear()
             try:
-                await conn.call("ping", args, self.heartbeat_timeout_s)
+                st = await conn.call("status", args, self.heartbeat_timeout_s)
             except (TimeoutError, WireError) as exc:
                 if not conn.closed:
                     self.last_error = f"heartbeat failed: {exc or 'timeout'}"
@@ -211,16 +250,51 @@ class ServerLink:
                     conn.abort()
                     self._on_lost(None)
                 return
+            if self._closing:
+                return
             rtt_ms = (self.clock() - start) * 1000.0
             self.rtt_ms = rtt_ms if self.rtt_ms is None else 0.8 * self.rtt_ms + 0.2 * rtt_ms
             self.one_way_ms = self.rtt_ms / 2.0
+            self._on_status(st)
             if first:
                 first = False
                 self.state = "up"
                 self.last_error = ""
                 self._up.set()
                 self._pump()
-            await asyncio.sleep(self.heartbeat_s)
+            try:
+                await asyncio.wait_for(self._poll_now.wait(), self.heartbeat_s)
+            except TimeoutError:
+                pass
+            else:
+                await asyncio.sleep(_REPOLL_S)  # a burst of rejections: one status call
+
+    def _on_status(self, st: Any) -> None:
+        """Learn from a heartbeat whether the server drains and who owns it."""
+        draining = bool(st is not None and st.draining)
+        owner = st.owner if st is not None else None
+        if (draining, owner) == (self.server_draining, self.owner):
+            return
+        before = self.owned_elsewhere
+        began_draining = draining and not self.server_draining
+        self.server_draining, self.owner = draining, owner
+        if began_draining:
+            self._reject_queued(f"server {self.server_id} is draining")
+        if self.owned_elsewhere != before:
+            if self.owned_elsewhere is not None:
+                log.warning(
+                    "server %s is owned by gateway %s: no tasks from this gateway (%s)",
+                    self.server_id,
+                    self.owned_elsewhere,
+                    self.gateway_id,
+                )
+                self._reject_queued(
+                    f"server {self.server_id} is owned by gateway {self.owned_elsewhere}"
+                )
+            else:
+                log.info("server %s: this gateway (%s) owns it", self.server_id, self.gateway_id)
+        if self.on_change is not None:
+            self.on_change(self)
 
     def _on_lost(self, exc: Exception | None) -> None:
         if self.state == "closed":
@@ -232,6 +306,16 @@ class ServerLink:
         elif not self.last_error:
             self.last_error = "connection closed by server"
         self._fail_all("lost", f"connection to server {self.server_id} lost")
+
+    def _reject_queued(self, reason: str) -> None:
+        """Central queueing: the tasks still queued here were never sent; reject them now."""
+        if self.queue is None or not len(self.queue):
+            return
+        for qt in self.queue.drain():
+            p: PendingTask = qt.item
+            self.outstanding.pop(p.run.query_id, None)
+            self.on_failure(self, p, "rejected", reason)
+        self._notify_idle()
 
     def _fail_all(self, status: str, reason: str) -> None:
         pending = list(self.outstanding.values())
@@ -335,6 +419,8 @@ class ServerLink:
         del self.outstanding[r.query_id]
         if self._idle_waiters:
             self._notify_idle()
+        if r.status == 3:
+            self._poll_now.set()  # REJECTED: is the server draining, or owned elsewhere now?
         now = self.clock()
         self.results += 1
         if self.queue is not None:

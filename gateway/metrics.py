@@ -1,14 +1,28 @@
-"""Prometheus metrics of the gateway (always on an injected registry)."""
+"""Prometheus metrics of the gateway (always on an injected registry).
+
+The query path only bumps plain counters (dict or list increments, one event-loop
+thread); everything else (per-server windows, queue depths, CDF quantiles, the
+autoscaler) is read at scrape time by `_GatewayCollector`.
+"""
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from admission import MissRatioWindow
 from taskserver.metrics import LiteHistogram
+
+if TYPE_CHECKING:
+    from gateway.autoscaling import AutoscalerLoop
+    from gateway.cdf import CdfBook
+    from gateway.links import ServerLink
+    from gateway.overload import OverloadGuard
 
 QUERY_BUCKETS_S = (
     0.0005,
@@ -27,6 +41,11 @@ QUERY_BUCKETS_S = (
     10.0,
     30.0,
 )
+
+POST_QUEUING_QUANTILES = (0.5, 0.9, 0.99, 0.999)
+"""Quantiles of each server's post-queuing CDF exported at scrape time."""
+RECENT_LATENCIES = 50_000
+"""Answered-query latencies kept per class between two history samples."""
 
 
 def fanout_bucket(k: int) -> str:
@@ -83,8 +102,189 @@ class _TaskCountsCollector(Collector):
         yield misses
 
 
+class GatewayView(Protocol):
+    """The parts of the gateway service the scrape-time collector reads."""
+
+    links: dict[str, ServerLink]
+    book: CdfBook
+    guard: OverloadGuard
+    autoscaler: AutoscalerLoop | None
+
+    def clock(self) -> float:
+        """The service clock (monotonic seconds)."""
+        ...
+
+
+class ServerMissRatios:
+    """Windowed task miss ratio per server and per pool, fed from cumulative counts.
+
+    The query path only bumps `counts`; `update(now)` (at scrape or sample time) feeds
+    what changed since the last update into one MissRatioWindow per server and per pool,
+    shaped like the admission window (tasks or seconds). A count window that got no
+    task for `max_age_s` is cleared, as the admission window is (gateway.overload).
+    """
+
+    def __init__(
+        self, make_window: Callable[[], MissRatioWindow], max_age_s: float | None = None
+    ) -> None:
+        self.counts: dict[tuple[str, str], list[int]] = {}
+        """(server, pool) -> [tasks, misses] since start (tasks that ran: status ok)."""
+        self._make_window = make_window
+        self._max_age_s = max_age_s
+        self._seen: dict[tuple[str, str], tuple[int, int]] = {}
+        # ("server", server, pool) or ("pool", pool) -> its window and its last task's time
+        self._windows: dict[tuple[str, ...], MissRatioWindow] = {}
+        self._last_task: dict[tuple[str, ...], float] = {}
+
+    def task(self, server: str, pool: str, missed: bool) -> None:
+        """Count one task that ran on a server (the hot path: two integer increments)."""
+        c = self.counts.get((server, pool))
+        if c is None:
+            c = self.counts[(server, pool)] = [0, 0]
+        c[0] += 1
+        if missed:
+            c[1] += 1
+
+    def update(self, now: float) -> None:
+        """Feed the counts that arrived since the last update into the windows."""
+        by_pool: dict[str, list[int]] = {}
+        for key, (tasks, misses) in self.counts.items():
+            seen_tasks, seen_misses = self._seen.get(key, (0, 0))
+            if tasks == seen_tasks:
+                continue
+            self._seen[key] = (tasks, misses)
+            self._feed(("server", *key), misses - seen_misses, tasks - seen_tasks, now)
+            d = by_pool.setdefault(key[1], [0, 0])
+            d[0] += tasks - seen_tasks
+            d[1] += misses - seen_misses
+        for pool, (tasks, misses) in by_pool.items():
+            self._feed(("pool", pool), misses, tasks, now)
+
+    def server_ratio(self, server: str, pool: str, now: float) -> float:
+        """The server's windowed miss ratio (0.0 before its first task)."""
+        return self._ratio(("server", server, pool), now)
+
+    def pool_ratio(self, pool: str, now: float) -> float:
+        """The pool's windowed miss ratio (0.0 before its first task)."""
+        return self._ratio(("pool", pool), now)
+
+    def pools(self) -> list[str]:
+        """Pools that have run tasks."""
+        return sorted({pool for _, pool in self.counts})
+
+    def _feed(self, key: tuple[str, ...], misses: int, tasks: int, now: float) -> None:
+        window = self._windows.get(key)
+        if window is None:
+            window = self._windows[key] = self._make_window()
+        self._last_task[key] = now
+        window.record_many(misses, tasks, now)
+
+    def _ratio(self, key: tuple[str, ...], now: float) -> float:
+        window = self._windows.get(key)
+        if window is None:
+            return 0.0
+        if self._max_age_s is not None and now - self._last_task[key] > self._max_age_s:
+            # Nothing ran here for a while: old misses would otherwise show forever.
+            self._windows[key] = window = self._make_window()
+        return window.ratio(now)
+
+
+class _GatewayCollector(Collector):
+    """Figures read from the gateway service at scrape time, off the query path."""
+
+    def __init__(self, metrics: GatewayMetrics, view: GatewayView) -> None:
+        self._m = metrics
+        self._view = view
+
+    def collect(self) -> Iterable[Metric]:
+        view, m = self._view, self._m
+        now = view.clock()
+        windows = m.server_windows
+        windows.update(now)
+        per_server = sorted(windows.counts.items())
+        tasks = CounterMetricFamily(
+            "tailgate_server_tasks",
+            "Tasks that ran on a server (status ok): the denominator of its miss ratio.",
+            labels=["server", "pool"],
+        )
+        misses = CounterMetricFamily(
+            "tailgate_server_task_deadline_misses",
+            "Tasks a server dequeued after their deadline t_D.",
+            labels=["server", "pool"],
+        )
+        for (server, pool), (n, missed) in per_server:
+            tasks.add_metric([server, pool], n)
+            misses.add_metric([server, pool], missed)
+        yield tasks
+        yield misses
+        pool_ratio = GaugeMetricFamily(
+            "tailgate_pool_task_miss_ratio",
+            "Task deadline-miss ratio of a pool over a window shaped like admission's.",
+            labels=["pool"],
+        )
+        for pool in windows.pools():
+            pool_ratio.add_metric([pool], windows.pool_ratio(pool, now))
+        yield pool_ratio
+        links = sorted(view.links.values(), key=lambda lk: lk.server_id)
+        server_ratio = GaugeMetricFamily(
+            "tailgate_server_task_miss_ratio",
+            "Task deadline-miss ratio of a server over a window shaped like admission's.",
+            labels=["server", "pool"],
+        )
+        depth = GaugeMetricFamily(
+            "tailgate_server_queue_depth",
+            "Tasks outstanding for a server as the gateway sees them: in flight plus "
+            "waiting in the gateway's central queue.",
+            labels=["server", "pool"],
+        )
+        post_queuing = GaugeMetricFamily(
+            "tailgate_server_post_queuing_seconds",
+            "Quantiles of a server's post-queuing time CDF in the CDF book.",
+            labels=["server", "quantile"],
+        )
+        book = view.book
+        for lk in links:
+            server_ratio.add_metric(
+                [lk.server_id, lk.pool], windows.server_ratio(lk.server_id, lk.pool, now)
+            )
+            depth.add_metric([lk.server_id, lk.pool], len(lk.outstanding))
+            if book.has_server(lk.server_id):
+                cdf = book.cdf_of(lk.server_id)
+                for q in POST_QUEUING_QUANTILES:
+                    post_queuing.add_metric([lk.server_id, f"{q:g}"], cdf.quantile(q) / 1000.0)
+        yield server_ratio
+        yield depth
+        yield post_queuing
+        deferred = CounterMetricFamily(
+            "tailgate_queries_deferred",
+            "Admission DEFER decisions, by class and reason (a query held twice counts twice).",
+            labels=["class", "reason"],
+        )
+        for (cls, reason), n in sorted(view.guard.controller.deferred.items()):
+            deferred.add_metric([cls, reason], n)
+        yield deferred
+        scaler = view.autoscaler
+        replicas = GaugeMetricFamily(
+            "tailgate_autoscaler_replicas",
+            "Servers of the autoscaled pool now registered.",
+            labels=["pool"],
+        )
+        decisions = CounterMetricFamily(
+            "tailgate_autoscaler_decisions",
+            "Autoscaler decisions, by action (up, down, hold).",
+            labels=["pool", "action"],
+        )
+        if scaler is not None:
+            pool = scaler.config.pool
+            replicas.add_metric([pool], scaler.replicas_now())
+            for action, n in sorted(scaler.decisions.items()):
+                decisions.add_metric([pool, action], n)
+        yield replicas
+        yield decisions
+
+
 class GatewayMetrics:
-    """The gateway's first set of metrics."""
+    """The gateway's metrics."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
@@ -131,6 +331,25 @@ class GatewayMetrics:
             "Queries dispatched and not yet answered.",
             registry=registry,
         )
+        self.server_windows = ServerMissRatios(lambda: MissRatioWindow(window_tasks=100_000))
+        """Per-server and per-pool task counts and windows (shaped by bind_service)."""
+        self.recent_latency_ms: dict[str, deque[float]] = {}
+        """Class -> latencies of answered queries since the history sampler last drained them."""
+
+    def query_answered(self, cls: str, fanout: int, latency_ms: float) -> None:
+        """Count one query whose tasks all succeeded, with its latency."""
+        self.query_latency.labels(cls, fanout_bucket(fanout)).observe(latency_ms / 1000.0)
+        ring = self.recent_latency_ms.get(cls)
+        if ring is None:
+            ring = self.recent_latency_ms[cls] = deque(maxlen=RECENT_LATENCIES)
+        ring.append(latency_ms)
+
+    def drain_latencies(self) -> dict[str, list[float]]:
+        """Latencies per class since the last drain, in milliseconds; empties the rings."""
+        out = {cls: list(ring) for cls, ring in self.recent_latency_ms.items() if ring}
+        for ring in self.recent_latency_ms.values():
+            ring.clear()
+        return out
 
     def task_done(self, pool: str, status: str) -> None:
         """Count one task outcome."""
@@ -161,3 +380,13 @@ class GatewayMetrics:
     def bind_servers(self, snapshot: Callable[[], Iterable[tuple[str, str]]]) -> None:
         """Export the server registry's (pool, state) pairs at scrape time."""
         self.registry.register(_ServersCollector(snapshot))
+
+    def bind_service(
+        self,
+        view: GatewayView,
+        make_window: Callable[[], MissRatioWindow],
+        max_age_s: float | None = None,
+    ) -> None:
+        """Export per-server, per-pool and autoscaler figures read from the service at scrape."""
+        self.server_windows = ServerMissRatios(make_window, max_age_s)
+        self.registry.register(_GatewayCollector(self, view))

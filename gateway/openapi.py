@@ -118,14 +118,31 @@ _SERVER = {
         "cluster": {"type": ["string", "null"]},
         "address": {"type": "string"},
         "slots": {"type": "integer"},
-        "state": {"type": "string", "enum": ["connecting", "up", "down", "closed", "draining"]},
+        "state": {
+            "type": "string",
+            "enum": ["connecting", "up", "down", "closed", "draining", "owned_elsewhere"],
+        },
         "queueing": {"type": "string", "enum": ["server", "central"]},
+        "owner": {
+            "type": "string",
+            "description": "the gateway that owns the server (central queueing), when one does",
+        },
         "outstanding": {"type": "integer"},
         "registered_ago_s": {
             "type": "number",
             "description": "seconds since the server last registered or refreshed it",
         },
         "post_queue_ms": {"type": "object", "additionalProperties": {"type": "number"}},
+    },
+}
+
+_PROBE = {
+    "type": "object",
+    "properties": {
+        "status": {"type": "string", "enum": ["ok", "ready", "starting", "draining"]},
+        "gateway_id": {"type": "string", "description": "this replica's id"},
+        "servers_up": {"type": "integer"},
+        "servers": {"type": "integer"},
     },
 }
 
@@ -178,7 +195,11 @@ def openapi_document() -> dict[str, Any]:
                         "413": _err("body too large"),
                         "422": _err("SLO below the unloaded p-th latency for this fanout"),
                         "502": _json("QueryAnswer", "a task failed or its server was lost"),
-                        "503": _err("no server can take the query (Retry-After)"),
+                        "503": _err(
+                            "no server can take the query, or the gateway is draining "
+                            "(code `draining`) or another gateway owns the central pool "
+                            "(code `pool_owned_elsewhere`); Retry-After"
+                        ),
                         "504": _json("QueryAnswer", "not complete at SLO + grace"),
                     },
                 }
@@ -269,8 +290,79 @@ def openapi_document() -> dict[str, Any]:
                     "responses": {"200": {"description": "state"}},
                 }
             },
+            "/v1/history": {
+                "get": {
+                    "summary": "Stored samples of the gateway's figures (the dashboard's history)",
+                    "description": (
+                        "One sample per history_interval_s, oldest first, at most 2000 (longer "
+                        "ranges are thinned evenly): t (unix s), windowed miss ratio per class "
+                        "(miss) and pool (pool_miss), latency at each class's SLO percentile "
+                        "(tail_ms) and p99 (p99_ms), answered/rejected/deferred queries per "
+                        "second, queue depth per pool and deepest servers, servers by state, "
+                        "autoscaled replicas."
+                    ),
+                    "parameters": [
+                        {
+                            "name": "since_s",
+                            "in": "query",
+                            "required": False,
+                            "description": "how far back, in seconds (default 3600)",
+                            "schema": {"type": "number", "exclusiveMinimum": 0},
+                        }
+                    ],
+                    "responses": {
+                        "200": {"description": "samples"},
+                        "400": _err("bad since_s"),
+                    },
+                }
+            },
+            "/v1/dashboard": {
+                "get": {
+                    "summary": "Live figures for the dashboard: servers and their state, "
+                    "post-queuing CDFs, thresholds, SLOs, autoscaler actions",
+                    "responses": {"200": {"description": "snapshot"}},
+                }
+            },
+            "/dashboard": {
+                "get": {
+                    "summary": "The built-in dashboard (HTML)",
+                    "responses": {"200": {"description": "text/html"}},
+                }
+            },
+            "/dashboard/{file}": {
+                "get": {
+                    "summary": "The dashboard's script and style",
+                    "parameters": [
+                        {
+                            "name": "file",
+                            "in": "path",
+                            "required": True,
+                            "schema": {"type": "string", "enum": ["dashboard.js", "dashboard.css"]},
+                        }
+                    ],
+                    "responses": {
+                        "200": {"description": "text/javascript or text/css"},
+                        "404": _err("no such file"),
+                    },
+                }
+            },
             "/healthz": {
                 "get": {"summary": "Liveness", "responses": {"200": {"description": "ok"}}}
+            },
+            "/livez": {
+                "get": {
+                    "summary": "Liveness: the process serves HTTP (also while draining)",
+                    "responses": {"200": _json("Probe", "serving")},
+                }
+            },
+            "/readyz": {
+                "get": {
+                    "summary": "Readiness: admits queries (live servers are not required)",
+                    "responses": {
+                        "200": _json("Probe", "ready"),
+                        "503": _json("Probe", "starting or draining (SIGTERM)"),
+                    },
+                }
             },
             "/metrics": {
                 "get": {
@@ -295,6 +387,7 @@ def openapi_document() -> dict[str, Any]:
             },
             "schemas": {
                 "Error": _ERROR,
+                "Probe": _PROBE,
                 "Targets": _TARGETS,
                 "Query": _QUERY,
                 "TaskOutcome": _TASK,

@@ -3,6 +3,10 @@
 This is the shell around the pure parts (CdfBook, DeadlineEstimator, the
 queue policies): it owns the server links, turns a validated request into
 k_f tasks with TailGuard deadlines, and turns their outcomes into an answer.
+
+Lifecycle: ``start`` makes it ready; ``drain`` stops admitting (new queries get 503
+``draining``) and waits for the queries in flight, each of which already ends by its SLO
+plus the grace, so a stopping gateway answers every query it took.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import asyncio
 import itertools
 import logging
 import random
+import socket
 import time
 import uuid
 from collections.abc import Callable
@@ -25,9 +30,10 @@ from gateway.cdf import CdfBook
 from gateway.config import GatewayConfig, PoolConfig, parse_address
 from gateway.deadlines import DeadlineEstimator, DeadlinePlan, SloUnreachable
 from gateway.errors import NotFound, SloUnreachableError, Unavailable
+from gateway.history import HistoryRecorder
 from gateway.links import LinkDown, PendingTask, ServerLink
 from gateway.metrics import GatewayMetrics, fanout_bucket
-from gateway.overload import OverloadGuard
+from gateway.overload import OverloadGuard, admission_window
 from gateway.queries import (
     CANCELLED,
     DROPPED,
@@ -63,6 +69,28 @@ class QueryAnswer:
     def body(self) -> dict[str, Any]:
         """The JSON answer: the summary plus every task's outcome."""
         return {**self.summary, "tasks": [o.to_json() for o in self.outcomes]}
+
+
+DRAIN_MARGIN_S = 0.5
+"""Beyond the drain bound: lets the queries' own SLO + grace timers fire first."""
+
+
+@dataclass(frozen=True, slots=True)
+class DrainReport:
+    """What a drain did: queries in flight at its start, those the bound cut, its duration."""
+
+    queries: int
+    cut: int
+    seconds: float
+
+
+def _state(link: ServerLink) -> str:
+    """A server's state as GET /v1/servers shows it."""
+    if link.draining or (link.server_draining and link.state == "up"):
+        return "draining"
+    if link.state == "up" and link.owned_elsewhere is not None:
+        return "owned_elsewhere"
+    return link.state
 
 
 def _cdf_group(pool: PoolConfig, cluster: str | None) -> str | None:
@@ -108,12 +136,28 @@ class GatewayService:
         self._priors: dict[str, Any] = {}
         self._ids = itertools.count(1)
         self._id_prefix = uuid.uuid4().hex[:8]
+        self.instance_id = f"{socket.gethostname()}-{self._id_prefix}"
+        """This replica's id: names it as the owner of the central-queueing servers it claims."""
         self._inflight: dict[str, QueryRun] = {}
+        self.started = False
+        """start() is done: the gateway admits queries (GET /readyz)."""
+        self.draining = False
+        """Stopping: new queries get 503 `draining`; those in flight finish."""
+        self._active = 0
+        """Queries inside run_query (admission included)."""
+        self._idle_waiters: list[asyncio.Future[None]] = []
+        self._cut: set[str] = set()
+        """Queries the drain bound ended before their own deadline."""
         self.metrics.bind_servers(lambda: [(lk.pool, lk.state) for lk in self.links.values()])
+        a = config.admission
+        self.metrics.bind_service(
+            self, lambda: admission_window(a), a.window_max_age_s if a.window_tasks > 0 else None
+        )
+        self.history = HistoryRecorder(self)
 
     # -- servers ---------------------------------------------------------
     async def start(self) -> None:
-        """Register the servers named in the configuration."""
+        """Register the servers named in the configuration and start the history sampler."""
         if self.config.token is None:
             log.warning(
                 "server registration is unauthenticated: anyone who can reach this gateway "
@@ -124,6 +168,8 @@ class GatewayService:
                 await self.register(
                     RegisterRequest(entry.id, pool.name, entry.address, entry.slots, entry.cluster)
                 )
+        self.started = True
+        await self.history.start()
 
     async def enable_autoscaler(
         self,
@@ -149,6 +195,7 @@ class GatewayService:
 
     async def stop(self) -> None:
         """Close every link; queries still running fail at once."""
+        await self.history.stop()
         if self.autoscaler is not None:
             await self.autoscaler.stop()
         for link in list(self.links.values()):
@@ -193,6 +240,8 @@ class GatewayService:
             clock=self.clock,
             heartbeat_s=self.config.heartbeat_s,
             heartbeat_timeout_s=self.config.heartbeat_timeout_s,
+            gateway_id=self.instance_id,
+            on_change=self._on_link_change,
         )
         self.book.add_server(req.id, self._prior(pool), group=_cdf_group(pool, req.cluster))
         self.links[req.id] = link
@@ -238,7 +287,7 @@ class GatewayService:
             "cluster": link.cluster,
             "address": link.address,
             "slots": link.slots,
-            "state": "draining" if link.draining else link.state,
+            "state": _state(link),
             "queueing": "central" if link.central else "server",
             "outstanding": len(link.outstanding),
             "tasks_sent": link.tasks_sent,
@@ -251,6 +300,8 @@ class GatewayService:
             view["queued"] = len(link.queue)
         if link.last_error:
             view["last_error"] = link.last_error
+        if link.owner is not None:
+            view["owner"] = link.owner
         if cdf is not None:
             view["post_queue_ms"] = {
                 f"p{q:g}": round(cdf.quantile(q / 100.0), 4) for q in (50, 90, 99, 99.9)
@@ -285,19 +336,33 @@ class GatewayService:
 
     async def run_query(self, req: QueryRequest, t0: float | None = None) -> QueryAnswer:
         """Fan a validated query out and answer it; never later than SLO + grace."""
+        if self.draining:
+            self.metrics.queries.labels(req.class_name or "custom", "rejected").inc()
+            raise Unavailable(
+                "the gateway is shutting down and admits no new query; send it to another replica",
+                code="draining",
+                headers={"Retry-After": str(self.config.retry_after_s)},
+            )
+        self._active += 1
+        try:
+            return await self._run_query(req, t0)
+        finally:
+            self._active -= 1
+            if not self._active and self._idle_waiters:
+                waiters, self._idle_waiters = self._idle_waiters, []
+                for fut in waiters:
+                    if not fut.done():
+                        fut.set_result(None)
+
+    async def _run_query(self, req: QueryRequest, t0: float | None) -> QueryAnswer:
         t0 = self.clock() if t0 is None else t0
         cls = req.class_name or "custom"
         links = self.resolve(req)
         plan = self.plan(req, links)
-        down = [lk.server_id for lk in links if not lk.is_up]
+        down = [lk for lk in links if not lk.is_up]
         if down:
             self.metrics.queries.labels(cls, "rejected").inc()
-            raise Unavailable(
-                f"{len(down)} target server(s) are not reachable: {', '.join(down[:10])}",
-                code="servers_down",
-                headers={"Retry-After": str(self.config.retry_after_s)},
-                extra={"servers_down": down},
-            )
+            raise self._unreachable(down)
         # Admission (TailGuard §III.D): may hold the query (DEFER) or refuse it (503).
         try:
             if self.guard.enabled and not self.guard.clearly_admitted():
@@ -350,6 +415,8 @@ class GatewayService:
                     if dropped
                     else "a sibling task failed"
                 )
+                if qid in self._cut:
+                    reason = "the gateway stopped before the query completed"
                 cancelled = self._abandon(run, links, reason)
                 if dropped and not run.expired:
                     # PARD: no server keeps computing for a query that is already lost.
@@ -362,7 +429,7 @@ class GatewayService:
 
     def _abandon(self, run: QueryRun, links: list[ServerLink], reason: str) -> dict[str, int]:
         """Cancel every task of the query that has no outcome yet; how many, per pool."""
-        timed_out = run.expired
+        timed_out = run.expired and run.query_id not in self._cut
         cancelled: dict[str, int] = {}
         for i, link in enumerate(links):
             if run.outcomes[i] is None:
@@ -406,9 +473,7 @@ class GatewayService:
             status = 200
             outcome = "met" if body["met_slo"] else "missed_slo"
             self.guard.record_query(cls, latency_ms, req.slo_ms)
-            self.metrics.query_latency.labels(cls, fanout_bucket(run.fanout)).observe(
-                latency_ms / 1000.0
-            )
+            self.metrics.query_answered(cls, run.fanout, latency_ms)
         else:
             bad = [o for o in outcomes if o.status not in (OK, CANCELLED)]
             first = bad[0] if bad else outcomes[0]
@@ -420,6 +485,10 @@ class GatewayService:
                 message = f"task on server {dropped[0].server} dropped: {dropped[0].error}"
                 headers["Retry-After"] = str(self.config.retry_after_s)
                 body["cancelled_siblings"] = sum(1 for o in outcomes if o.status == CANCELLED)
+            elif run.query_id in self._cut:
+                status, code, outcome = 503, "draining", "rejected"
+                message = "the gateway stopped before the query completed (drain bound reached)"
+                headers["Retry-After"] = str(self.config.retry_after_s)
             elif TIMEOUT in statuses:
                 status, code, outcome = 504, "query_timeout", "timeout"
                 message = (
@@ -436,6 +505,79 @@ class GatewayService:
             body["error"] = {"code": code, "message": message, "field": None}
         self.metrics.queries.labels(cls, outcome).inc()
         return QueryAnswer(status, body, outcomes, headers)
+
+    def _unreachable(self, down: list[ServerLink]) -> Unavailable:
+        """503 for targets that take no task now, naming the owner of a central pool."""
+        ids = [lk.server_id for lk in down]
+        headers = {"Retry-After": str(self.config.retry_after_s)}
+        owned = [lk for lk in down if lk.owned_elsewhere is not None]
+        if owned:
+            owners = sorted({str(lk.owned_elsewhere) for lk in owned})
+            pools = sorted({lk.pool for lk in owned})
+            return Unavailable(
+                f"pool {', '.join(pools)} is owned by gateway {', '.join(owners)}: with central "
+                "queueing one gateway at a time sends to its servers; use that gateway",
+                code="pool_owned_elsewhere",
+                headers=headers,
+                extra={
+                    "owner": owners[0],
+                    "servers_owned_elsewhere": [lk.server_id for lk in owned],
+                },
+            )
+        return Unavailable(
+            f"{len(ids)} target server(s) are not reachable: {', '.join(ids[:10])}",
+            code="servers_down",
+            headers=headers,
+            extra={"servers_down": ids},
+        )
+
+    # -- lifecycle -------------------------------------------------------------
+    def drain_bound_s(self) -> float:
+        """Longest a query already admitted may still run: the largest class SLO plus grace."""
+        return (max(c.latency_ms for c in self.config.classes) + self.config.grace_ms) / 1000.0
+
+    async def drain(self, timeout_s: float | None = None) -> DrainReport:
+        """Admit nothing new; wait for the queries in flight, at most timeout_s.
+
+        Each query ends by itself at its SLO plus grace, so with class SLOs the default bound
+        (drain_bound_s) is never reached; a query with a longer custom SLO still running at
+        the bound is answered 503 `draining` and its tasks are cancelled.
+        """
+        self.draining = True
+        bound_s = self.drain_bound_s() + DRAIN_MARGIN_S if timeout_s is None else timeout_s
+        start = self.clock()
+        in_flight = self._active
+        log.info("draining: no new queries; %d in flight (bound %.1f s)", in_flight, bound_s)
+        if not await self._wait_idle(bound_s):
+            for qid, run in list(self._inflight.items()):
+                self._cut.add(qid)
+                run.expire()
+            await self._wait_idle(DRAIN_MARGIN_S)
+        return DrainReport(in_flight, len(self._cut), self.clock() - start)
+
+    async def _wait_idle(self, timeout_s: float) -> bool:
+        """Wait until no query is in run_query; False on timeout."""
+        if not self._active:
+            return True
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._idle_waiters.append(fut)
+        try:
+            await asyncio.wait_for(fut, timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    def _on_link_change(self, link: ServerLink) -> None:
+        """A server began or ended draining: it leaves or rejoins its pool's selection."""
+        if self.links.get(link.server_id) is not link or link.draining:
+            return  # being deregistered: deregister() has taken it out already
+        member = link.server_id in self.targets.pool_members[link.pool]
+        if link.server_draining and member:
+            self.targets.leave(link)
+            log.info("server %s drains: out of pool %s's selection", link.server_id, link.pool)
+        elif not link.server_draining and not member:
+            self.targets.join(link)
+            log.info("server %s is back in pool %s", link.server_id, link.pool)
 
     def _queue_pressure(self) -> float:
         """Tasks waiting beyond the servers' slots, per slot (0: nothing queued)."""
@@ -470,6 +612,7 @@ class GatewayService:
                 self.autoscaler.record_task(missed, link.pool)
             if missed:
                 self.metrics.deadline_missed(p.class_name, link.pool)
+            self.metrics.server_windows.task(link.server_id, link.pool, missed)
         # Positional: this runs once per task (field order of TaskOutcome).
         outcome = TaskOutcome(
             link.server_id,

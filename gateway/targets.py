@@ -115,6 +115,17 @@ class TargetPicker:
         down = [c for c, ids in clusters.items() if not any(self.links[s].is_up for s in ids)]
         if down:
             names = ", ".join(repr(c) for c in down)
+            owners = {self.links[s].owned_elsewhere for c in down for s in clusters[c]}
+            owners.discard(None)
+            if owners:
+                raise self._unavailable(
+                    f"cluster {names} of pool {pool!r} is owned by gateway "
+                    f"{', '.join(sorted(map(str, owners)))}: with central queueing one gateway "
+                    "at a time sends to its servers; use that gateway",
+                    "pool_owned_elsewhere",
+                    clusters_down=down,
+                    owner=min(map(str, owners)),
+                )
             raise self._unavailable(
                 f"cluster {names} of pool {pool!r} has no live servers",
                 "cluster_unavailable",

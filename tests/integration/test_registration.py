@@ -133,7 +133,8 @@ async def test_without_a_token_registration_is_open_and_the_gateway_warns(
         assert r.status == 201
     for token, warned in ((None, True), ("a-token", False)):
         caplog.clear()
-        service = GatewayService(GatewayConfig(token=token), registry=CollectorRegistry())
+        config = GatewayConfig(token=token, storage_url="")
+        service = GatewayService(config, registry=CollectorRegistry())
         with caplog.at_level(logging.WARNING, logger="gateway.service"):
             await service.start()
             await service.stop()

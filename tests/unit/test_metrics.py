@@ -1,9 +1,16 @@
-"""The lock-free histogram exports what prometheus_client's Histogram would."""
+"""The lock-free histogram, and the gateway's metrics read at scrape time."""
 
 from __future__ import annotations
 
+from collections import Counter
+from types import SimpleNamespace
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
+from admission import MissRatioWindow
+from gateway.cdf import CdfBook
+from gateway.metrics import GatewayMetrics
 from taskserver.metrics import LiteHistogram
 
 
@@ -25,3 +32,144 @@ def test_lite_histogram_matches_prometheus_histogram_exposition() -> None:
         ]
 
     assert lines(ours) == lines(theirs)
+
+
+# -- the gateway's scrape-time metrics -------------------------------------------------------
+
+
+class FakeLink:
+    """What the collector reads of a server link."""
+
+    def __init__(self, server_id: str, pool: str, outstanding: int) -> None:
+        self.server_id = server_id
+        self.pool = pool
+        self.outstanding = {f"q{i}": None for i in range(outstanding)}
+
+
+def make_view(clock: list[float], **changes: Any) -> SimpleNamespace:
+    book = CdfBook(window_size=100)
+    book.add_server("ts-1", [float(i) for i in range(1, 101)])  # 1..100 ms
+    view = SimpleNamespace(
+        links={"ts-1": FakeLink("ts-1", "default", 3)},
+        book=book,
+        guard=SimpleNamespace(controller=SimpleNamespace(deferred=Counter())),
+        autoscaler=None,
+        clock=lambda: clock[0],
+    )
+    for k, v in changes.items():
+        setattr(view, k, v)
+    return view
+
+
+def make_metrics(
+    view: SimpleNamespace, *, window_tasks: int = 4, max_age_s: float | None = None
+) -> tuple[GatewayMetrics, CollectorRegistry]:
+    registry = CollectorRegistry()
+    metrics = GatewayMetrics(registry)
+    metrics.bind_service(view, lambda: MissRatioWindow(window_tasks=window_tasks), max_age_s)
+    return metrics, registry
+
+
+def test_per_server_counters_and_windowed_ratios_move_with_tasks() -> None:
+    clock = [10.0]
+    view = make_view(clock)
+    metrics, registry = make_metrics(view)
+    value = registry.get_sample_value
+    labels = {"server": "ts-1", "pool": "default"}
+    assert value("tailgate_server_tasks_total", labels) is None  # nothing ran yet
+    assert value("tailgate_server_task_miss_ratio", labels) == 0.0
+    for missed in (True, False, False, False):
+        metrics.server_windows.task("ts-1", "default", missed)
+    assert value("tailgate_server_tasks_total", labels) == 4.0
+    assert value("tailgate_server_task_deadline_misses_total", labels) == 1.0
+    assert value("tailgate_server_task_miss_ratio", labels) == 0.25
+    assert value("tailgate_pool_task_miss_ratio", {"pool": "default"}) == 0.25
+    # The window holds the last 4 tasks: four more on time push the miss out.
+    for _ in range(4):
+        metrics.server_windows.task("ts-1", "default", False)
+    clock[0] = 11.0
+    assert value("tailgate_server_tasks_total", labels) == 8.0
+    assert value("tailgate_server_task_deadline_misses_total", labels) == 1.0
+    assert value("tailgate_server_task_miss_ratio", labels) == 0.0
+
+
+def test_a_count_window_with_no_new_task_is_forgotten_after_max_age() -> None:
+    clock = [0.0]
+    metrics, registry = make_metrics(make_view(clock), max_age_s=5.0)
+    metrics.server_windows.task("ts-1", "default", True)
+    assert registry.get_sample_value("tailgate_pool_task_miss_ratio", {"pool": "default"}) == 1.0
+    clock[0] = 6.0
+    assert registry.get_sample_value("tailgate_pool_task_miss_ratio", {"pool": "default"}) == 0.0
+    # The counters never go back.
+    assert (
+        registry.get_sample_value(
+            "tailgate_server_task_deadline_misses_total", {"server": "ts-1", "pool": "default"}
+        )
+        == 1.0
+    )
+
+
+def test_queue_depth_post_queuing_quantiles_and_deferrals_are_read_at_scrape() -> None:
+    clock = [0.0]
+    view = make_view(clock)
+    _, registry = make_metrics(view)
+    value = registry.get_sample_value
+    assert value("tailgate_server_queue_depth", {"server": "ts-1", "pool": "default"}) == 3.0
+    quantiles = {
+        q: value("tailgate_server_post_queuing_seconds", {"server": "ts-1", "quantile": q})
+        for q in ("0.5", "0.9", "0.99", "0.999")
+    }
+    assert 0.045 < quantiles["0.5"] < 0.055
+    assert quantiles["0.5"] < quantiles["0.9"] < quantiles["0.99"] <= quantiles["0.999"]
+    view.links["ts-1"].outstanding.clear()
+    view.guard.controller.deferred[("C", "cost_ladder_defer")] += 2
+    assert value("tailgate_server_queue_depth", {"server": "ts-1", "pool": "default"}) == 0.0
+    deferred = {"class": "C", "reason": "cost_ladder_defer"}
+    assert value("tailgate_queries_deferred_total", deferred) == 2.0
+
+
+def test_autoscaler_replicas_and_decisions_appear_with_an_autoscaler() -> None:
+    clock = [0.0]
+    view = make_view(clock)
+    _, registry = make_metrics(view)
+    assert registry.get_sample_value("tailgate_autoscaler_replicas", {"pool": "default"}) is None
+    view.autoscaler = SimpleNamespace(
+        config=SimpleNamespace(pool="default"),
+        decisions=Counter(up=2, hold=7),
+        replicas_now=lambda: 3,
+    )
+    value = registry.get_sample_value
+    assert value("tailgate_autoscaler_replicas", {"pool": "default"}) == 3.0
+    for action, n in (("up", 2.0), ("hold", 7.0)):
+        labels = {"pool": "default", "action": action}
+        assert value("tailgate_autoscaler_decisions_total", labels) == n
+
+
+def test_answered_latencies_feed_the_histogram_and_the_history_drain() -> None:
+    metrics, registry = make_metrics(make_view([0.0]))
+    metrics.query_answered("A", 4, 12.0)
+    metrics.query_answered("A", 1, 30.0)
+    labels = {"class": "A", "fanout": "2-9"}
+    assert registry.get_sample_value("tailgate_query_latency_seconds_count", labels) == 1.0
+    assert registry.get_sample_value("tailgate_query_latency_seconds_sum", labels) == 0.012
+    assert metrics.drain_latencies() == {"A": [12.0, 30.0]}
+    assert metrics.drain_latencies() == {}
+
+
+def test_every_gateway_metric_name_follows_the_conventions() -> None:
+    metrics, registry = make_metrics(make_view([0.0]))
+    metrics.bind_window(lambda c: 0.0, ["A"])
+    metrics.bind_servers(lambda: [("default", "up")])
+    names = {m.name for m in registry.collect()}
+    assert {
+        "tailgate_server_task_deadline_misses",
+        "tailgate_server_tasks",
+        "tailgate_pool_task_miss_ratio",
+        "tailgate_server_task_miss_ratio",
+        "tailgate_queries_deferred",
+        "tailgate_server_queue_depth",
+        "tailgate_server_post_queuing_seconds",
+        "tailgate_autoscaler_replicas",
+        "tailgate_autoscaler_decisions",
+    } <= names
+    assert all(n.startswith("tailgate_") and not n.endswith("_ms") for n in names)

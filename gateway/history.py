@@ -1,0 +1,373 @@
+"""The gateway's history: a compact time series of its figures, behind the dashboard.
+
+Every ``history_interval_s`` the recorder reads the service (`read_figures`: windows as
+they stand, counters since start), the pure `HistorySampler` turns that into one sample
+(rates over the interval, tail latencies of the queries answered in it), and
+`HistoryStore` writes it and deletes what is older than ``history_retention_s``.
+
+Layout: one row per sample, ``gateway_history(id, t, data)``, the sample's figures as
+compact JSON text. Narrow ``(t, series, value)`` rows were the alternative; they lose here
+because the set of series changes as servers come and go, the dashboard always reads
+whole samples over a time range, and one row per sample (4,320 rows for 6 h at 5 s) keeps
+the insert and the retention delete to one indexed statement each. Per-series queries
+are Prometheus's job.
+
+Times: ``t`` is wall-clock unix seconds (``time.time``): samples are for people, and they
+must line up across gateway restarts, which the service's monotonic clock does not. Rates
+are measured on the monotonic clock.
+
+Errors::
+
+    HistoryError        the store cannot be opened, or a read or a write failed
+                        (SQLAlchemy's errors are translated here)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import (
+    Column,
+    Float,
+    Integer,
+    MetaData,
+    Table,
+    Text,
+    create_engine,
+    delete,
+    event,
+    insert,
+    select,
+)
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+from sqlalchemy.pool import StaticPool
+
+if TYPE_CHECKING:
+    from gateway.service import GatewayService
+
+log = logging.getLogger(__name__)
+
+TOP_SERVERS = 16
+"""Servers whose queue depth a sample keeps (the deepest); pools are always summed."""
+MAX_SAMPLES = 2000
+"""Most samples one read returns; longer ranges are thinned evenly."""
+
+metadata = MetaData()
+history_table = Table(
+    "gateway_history",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("t", Float, nullable=False, index=True),
+    Column("data", Text, nullable=False),
+)
+
+
+class HistoryError(Exception):
+    """The history store cannot be opened, or a read or a write failed."""
+
+
+# -- the pure part -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Figures:
+    """The gateway at one moment: windows as they stand, counters since start."""
+
+    miss: dict[str, float]
+    """Windowed task deadline-miss ratio per class; "all" overall (the admission window)."""
+    pool_miss: dict[str, float]
+    """Windowed task deadline-miss ratio per pool."""
+    latencies_ms: dict[str, list[float]]
+    """Latencies of the queries answered (all tasks ok) since the last sample, per class."""
+    percentiles: dict[str, float]
+    """SLO percentile per class."""
+    queries: dict[tuple[str, str], float]
+    """(class, outcome) -> queries answered since start (tailgate_queries_total)."""
+    deferred: dict[tuple[str, str], int]
+    """(class, reason) -> admission DEFER decisions since start."""
+    queue: dict[str, tuple[str, int]]
+    """Server -> (pool, tasks outstanding for it)."""
+    servers: dict[str, int]
+    """Server state -> servers."""
+    replicas: dict[str, int]
+    """Autoscaled pool -> servers now."""
+
+
+def percentile(values: list[float], p: float) -> float:
+    """Nearest-rank p-th percentile (p in (0, 100]) of a non-empty list."""
+    xs = sorted(values)
+    return xs[min(len(xs) - 1, max(0, math.ceil(p / 100.0 * len(xs)) - 1))]
+
+
+class HistorySampler:
+    """Turns cumulative figures into compact samples: rates and tails over each interval."""
+
+    def __init__(self, now: float, top_servers: int = TOP_SERVERS) -> None:
+        self._last_now = now
+        self._top = top_servers
+        self._queries: dict[tuple[str, str], float] = {}
+        self._deferred: dict[tuple[str, str], int] = {}
+
+    def sample(self, f: Figures, now: float, wall: float) -> dict[str, Any]:
+        """One sample at wall-clock time `wall`; rates over the time since the last one."""
+        elapsed = max(now - self._last_now, 1e-9)
+        answered: Counter[str] = Counter()
+        rejected: Counter[str] = Counter()
+        for (cls, outcome), n in f.queries.items():
+            delta = n - self._queries.get((cls, outcome), 0.0)
+            if outcome == "rejected":
+                rejected[cls] += delta
+            else:
+                answered[cls] += delta
+        deferred: Counter[str] = Counter()
+        for (cls, reason), n in f.deferred.items():
+            deferred[cls] += n - self._deferred.get((cls, reason), 0)
+        classes = sorted({*f.percentiles, *answered, *rejected, *deferred, *f.latencies_ms})
+        tail_ms: dict[str, float] = {}
+        p99_ms: dict[str, float] = {}
+        for cls, unsorted in sorted(f.latencies_ms.items()):
+            if unsorted:
+                xs = sorted(unsorted)  # once: sorting a sorted list again is linear
+                tail_ms[cls] = round(percentile(xs, f.percentiles.get(cls, 99.0)), 3)
+                p99_ms[cls] = round(percentile(xs, 99.0), 3)
+        pools: Counter[str] = Counter()
+        for pool, depth in f.queue.values():
+            pools[pool] += depth
+        deepest = sorted(f.queue.items(), key=lambda kv: (-kv[1][1], kv[0]))[: self._top]
+        self._last_now = now
+        self._queries = dict(f.queries)
+        self._deferred = dict(f.deferred)
+        return {
+            "t": round(wall, 3),
+            "miss": {k: round(v, 6) for k, v in sorted(f.miss.items())},
+            "pool_miss": {k: round(v, 6) for k, v in sorted(f.pool_miss.items())},
+            "tail_ms": tail_ms,
+            "p99_ms": p99_ms,
+            "qps": {c: round(answered[c] / elapsed, 3) for c in classes},
+            "rejected_per_s": {c: round(rejected[c] / elapsed, 3) for c in classes},
+            "deferred_per_s": {c: round(deferred[c] / elapsed, 3) for c in classes},
+            "queue": dict(sorted(pools.items())),
+            "server_queue": {sid: depth for sid, (_, depth) in sorted(deepest)},
+            "servers": dict(sorted(f.servers.items())),
+            "replicas": dict(sorted(f.replicas.items())),
+        }
+
+
+def thin(samples: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
+    """At most `limit` samples, evenly spaced, always keeping the newest."""
+    if len(samples) <= limit:
+        return samples
+    step = len(samples) / limit
+    picked = [samples[int(i * step)] for i in range(limit - 1)]
+    return [*picked, samples[-1]]
+
+
+# -- the store -----------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _translated(what: str) -> Iterator[None]:
+    """Turn SQLAlchemy's errors into HistoryError at this boundary."""
+    try:
+        yield
+    except SQLAlchemyError as exc:
+        orig = getattr(exc, "orig", None)
+        detail = str(orig if orig is not None else exc).splitlines()[0]
+        raise HistoryError(f"{what}: {exc.__class__.__name__}: {detail}") from exc
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    cur = dbapi_conn.cursor()
+    # WAL: the dashboard's reads never wait for the sampler's write; a crash loses no
+    # committed sample. Another gateway on the same file waits instead of failing.
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.execute("PRAGMA busy_timeout=5000")
+    cur.close()
+
+
+class HistoryStore:
+    """Samples by wall-clock time in one table of any SQLAlchemy database; thread-safe."""
+
+    def __init__(self, url: str) -> None:
+        """Open (creating the table if needed) the database at `url`; "" is in memory."""
+        try:
+            parsed = make_url(url or "sqlite://")
+        except (ArgumentError, ValueError) as exc:
+            raise HistoryError(f"storage_url: not a database URL: {url!r}") from exc
+        self.where = parsed.render_as_string(hide_password=True)
+        dialect = parsed.get_backend_name()
+        memory = dialect == "sqlite" and parsed.database in (None, "", ":memory:")
+        kwargs: dict[str, Any] = {}
+        if memory:
+            # One shared connection, or every thread would see its own empty database.
+            kwargs = {"poolclass": StaticPool, "connect_args": {"check_same_thread": False}}
+        try:
+            self.engine: Engine = create_engine(parsed, **kwargs)
+        except (ArgumentError, ImportError) as exc:
+            raise HistoryError(f"storage_url: cannot use {self.where!r}: {exc}") from exc
+        if dialect == "sqlite" and not memory:
+            event.listen(self.engine, "connect", _sqlite_pragmas)
+        # One statement at a time: the in-memory database has a single connection, and a
+        # file database gains nothing from two writers.
+        self._lock = threading.Lock()
+        try:
+            with _translated(f"history store {self.where}: cannot open"), self._lock:
+                metadata.create_all(self.engine)
+        except BaseException:
+            self.engine.dispose()
+            raise
+
+    def append(self, sample: dict[str, Any], keep_after: float) -> None:
+        """Write one sample (its "t" is the row's time) and delete rows older than keep_after."""
+        data = {k: v for k, v in sample.items() if k != "t"}
+        text = json.dumps(data, separators=(",", ":"))
+        with _translated(f"history store {self.where}: write failed"), self._lock:
+            with self.engine.begin() as conn:
+                conn.execute(insert(history_table).values(t=float(sample["t"]), data=text))
+                conn.execute(delete(history_table).where(history_table.c.t < keep_after))
+
+    def since(self, t0: float, limit: int = MAX_SAMPLES) -> list[dict[str, Any]]:
+        """Samples at or after wall-clock time t0, oldest first, thinned to `limit`."""
+        query = (
+            select(history_table.c.t, history_table.c.data)
+            .where(history_table.c.t >= t0)
+            .order_by(history_table.c.t, history_table.c.id)
+        )
+        with _translated(f"history store {self.where}: read failed"), self._lock:
+            with self.engine.connect() as conn:
+                rows = conn.execute(query).all()
+        return thin([{"t": t, **json.loads(data)} for t, data in rows], limit)
+
+    def close(self) -> None:
+        """Release the database connections."""
+        with self._lock:
+            self.engine.dispose()
+
+
+# -- the shell -----------------------------------------------------------------------------
+
+
+def read_figures(service: GatewayService) -> Figures:
+    """The service's figures now (drains the latencies answered since the last read)."""
+    now = service.clock()
+    m = service.metrics
+    m.server_windows.update(now)
+    window = service.guard.window
+    miss = {"all": window.ratio(now)}
+    for c in service.config.classes:
+        miss[c.name] = window.ratio(now, c.name)
+    queries: dict[tuple[str, str], float] = {}
+    for family in m.queries.collect():
+        for s in family.samples:
+            if s.name.endswith("_total"):
+                queries[(s.labels["class"], s.labels["outcome"])] = s.value
+    links = list(service.links.values())
+    return Figures(
+        miss=miss,
+        pool_miss={p: m.server_windows.pool_ratio(p, now) for p in m.server_windows.pools()},
+        latencies_ms=m.drain_latencies(),
+        percentiles={c.name: c.percentile for c in service.config.classes},
+        queries=queries,
+        deferred=dict(service.guard.controller.deferred),
+        queue={lk.server_id: (lk.pool, len(lk.outstanding)) for lk in links},
+        servers=dict(Counter("draining" if lk.draining else lk.state for lk in links)),
+        replicas=(
+            {}
+            if service.autoscaler is None
+            else {service.autoscaler.config.pool: service.autoscaler.replicas_now()}
+        ),
+    )
+
+
+class HistoryRecorder:
+    """Samples the service every interval into the store; started and stopped with it."""
+
+    def __init__(
+        self, service: GatewayService, *, wall_clock: Callable[[], float] = time.time
+    ) -> None:
+        config = service.config
+        self.service = service
+        self.wall_clock = wall_clock
+        self.url = config.storage_url
+        self.interval_s = config.history_interval_s
+        self.retention_s = config.history_retention_s
+        self.store: HistoryStore | None = None
+        self.samples_written = 0
+        self.last_error = ""
+        self._sampler = HistorySampler(service.clock())
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def where(self) -> str:
+        """The store's URL without its password ("" before start)."""
+        return self.store.where if self.store is not None else ""
+
+    async def start(self) -> None:
+        """Open the store (in memory if it cannot be opened) and start sampling."""
+        if self._task is not None:
+            return
+        try:
+            self.store = await asyncio.to_thread(HistoryStore, self.url)
+        except HistoryError as exc:
+            # The gateway's job is answering queries: it goes on, with history in memory.
+            self.last_error = str(exc)
+            log.error("%s; keeping the history in memory only", exc)
+            self.store = await asyncio.to_thread(HistoryStore, "")
+        self._sampler = HistorySampler(self.service.clock())
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        """Stop sampling and close the store."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if self.store is not None:
+            await asyncio.to_thread(self.store.close)
+            self.store = None
+
+    async def record(self) -> dict[str, Any]:
+        """Take one sample now and write it."""
+        sample = self._sampler.sample(
+            read_figures(self.service), self.service.clock(), self.wall_clock()
+        )
+        if self.store is not None:
+            keep_after = sample["t"] - self.retention_s
+            await asyncio.to_thread(self.store.append, sample, keep_after)
+            self.samples_written += 1
+        return sample
+
+    async def since(self, since_s: float) -> list[dict[str, Any]]:
+        """Samples of the last since_s seconds, oldest first (thinned to MAX_SAMPLES)."""
+        if self.store is None:
+            return []
+        return await asyncio.to_thread(self.store.since, self.wall_clock() - since_s)
+
+    async def _run(self) -> None:
+        clock = self.service.clock
+        next_s = clock() + self.interval_s
+        while True:
+            await asyncio.sleep(max(next_s - clock(), 0.0))
+            # A fixed rate, skipping ticks a slow write ran over.
+            next_s = max(next_s + self.interval_s, clock())
+            try:
+                await self.record()
+            except HistoryError as exc:
+                if str(exc) != self.last_error:
+                    log.warning("%s", exc)
+                self.last_error = str(exc)
+            else:
+                self.last_error = ""
