@@ -22,16 +22,28 @@ if TYPE_CHECKING:
 log = logging.getLogger("tailgate")
 
 
-def run_async(main: Coroutine[Any, Any, None]) -> None:
-    """Run a service coroutine on uvloop when installed; SIGINT/SIGTERM stop it cleanly."""
+def run_async(main: Coroutine[Any, Any, None], stop: asyncio.Event | None = None) -> None:
+    """Run a service coroutine on uvloop when installed; SIGINT/SIGTERM stop it cleanly.
+
+    With `stop`, the first signal sets it (the service drains and returns) and a second one
+    cancels at once; without, the first signal cancels.
+    """
 
     async def guarded() -> None:
         loop = asyncio.get_running_loop()
         task = asyncio.current_task()
         assert task is not None
+
+        def on_signal(sig: signal.Signals) -> None:
+            if stop is not None and not stop.is_set():
+                log.info("%s: draining (send it again to cut the drain short)", sig.name)
+                stop.set()
+            else:
+                task.cancel()
+
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(sig, task.cancel)
+                loop.add_signal_handler(sig, on_signal, sig)
         with contextlib.suppress(asyncio.CancelledError):
             await main
 
@@ -114,6 +126,7 @@ def cmd_taskserver(args: argparse.Namespace) -> int:
         ("emulation", "emulation"),
         ("seed", "seed"),
         ("idle_exit_s", "idle_exit_s"),
+        ("drain_timeout_s", "drain_timeout_s"),
     ):
         value = getattr(args, attr, None)
         if value is not None:
@@ -137,7 +150,8 @@ def cmd_taskserver(args: argparse.Namespace) -> int:
             cfg = dataclasses.replace(cfg, slots=PIPELINE_SLOTS)
     if args.exit_with_parent:
         _exit_with_parent()
-    run_async(serve(cfg, ready=_announce, executor=executor))
+    stop = asyncio.Event()
+    run_async(serve(cfg, ready=_announce, executor=executor, stop=stop), stop)
     return 0
 
 
@@ -149,8 +163,20 @@ def _pipeline_executor(args: argparse.Namespace) -> Any:
     from deploy.pipelines import pipeline_config
     from taskserver.pipeline import PipelineExecutor
 
+    local = tuple(m.strip() for m in (args.modules or "").split(",") if m.strip())
+    peers: dict[str, str] = {}
+    for item in args.peer or ():
+        module_id, sep, address = item.partition("=")
+        if not sep or not module_id.strip() or not address.strip():
+            raise ValueError(f"--peer: need MODULE=HOST:PORT, got {item!r}")
+        peers[module_id.strip()] = address.strip()
     config = pipeline_config(
-        args.pipeline, profile=args.profile, dropper=args.dropper, providers=args.providers
+        args.pipeline,
+        profile=args.profile,
+        dropper=args.dropper,
+        providers=args.providers,
+        local=local,
+        peers=peers,
     )
     return PipelineExecutor(config)
 
@@ -172,8 +198,9 @@ def cmd_edge_agent_run(args: argparse.Namespace) -> int:
     if args.exit_with_parent:
         _exit_with_parent()
     tune_malloc()  # before any thread starts: a Pi has little memory to lose to fragmentation
+    stop = asyncio.Event()
     try:
-        run_async(run_agent(cfg, ready=_announce))
+        run_async(run_agent(cfg, ready=_announce, stop=stop), stop)
     except (StoreError, OSError) as exc:
         print(f"tailgate edge-agent run: {exc}", file=sys.stderr)
         return 1
@@ -244,6 +271,9 @@ def _add_edge_agent_parser(sub: Any) -> None:
     r.add_argument("--metrics-port", type=int, help="/metrics and /healthz port (0: none)")
     r.add_argument("--register-interval-s", type=float, help="heartbeat period (3)")
     r.add_argument(
+        "--drain-timeout-s", type=float, help="on SIGTERM, finish queued tasks this long (3)"
+    )
+    r.add_argument(
         "--exit-with-parent",
         action="store_true",
         help="stop when the process that started this one dies (Linux)",
@@ -266,13 +296,16 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     from gateway.service import GatewayService
 
     gw = _load(args).gateway
-    changes = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+    given = (("host", args.host), ("port", args.port), ("storage_url", args.storage_url))
+    changes = {k: v for k, v in given if v is not None}
     try:
         gw = dataclasses.replace(gw, **changes)
     except ValueError as exc:
         print(f"tailgate gateway: {exc}", file=sys.stderr)
         return 2
-    run_async(serve(GatewayService(gw, registry=CollectorRegistry()), ready=_announce))
+    stop = asyncio.Event()
+    service = GatewayService(gw, registry=CollectorRegistry())
+    run_async(serve(service, ready=_announce, stop=stop), stop)
     return 0
 
 
@@ -281,6 +314,13 @@ def cmd_up(args: argparse.Namespace) -> int:
     from deploy.launcher import UpOptions, up
 
     cfg = _load(args)
+    if args.storage_url is not None:
+        try:
+            gw = dataclasses.replace(cfg.gateway, storage_url=args.storage_url)
+        except ValueError as exc:
+            print(f"tailgate up: {exc}", file=sys.stderr)
+            return 2
+        cfg = dataclasses.replace(cfg, gateway=gw)
     opts = UpOptions(
         servers=args.servers,
         edge_agents=args.edge_agents,
@@ -375,6 +415,11 @@ def build_parser(*, light: bool = False) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("up", help="gateway + local task servers + emulated edge agents")
+    p.add_argument(
+        "--storage-url",
+        help="the gateway's history store (SQLAlchemy URL; '' in memory); "
+        "default: tailgate-gateway.db in this folder",
+    )
     p.add_argument("--servers", type=int, default=8, help="task servers in pool 'default' (8)")
     p.add_argument(
         "--edge-agents",
@@ -416,6 +461,11 @@ def build_parser(*, light: bool = False) -> argparse.ArgumentParser:
     p = sub.add_parser("gateway", help="run the gateway")
     p.add_argument("--host")
     p.add_argument("--port", type=int)
+    p.add_argument(
+        "--storage-url",
+        help="history store: an SQLAlchemy URL (sqlite:///FILE, postgresql+psycopg://...), "
+        "'' to keep it in memory (default: [gateway] storage_url)",
+    )
     p.set_defaults(func=cmd_gateway)
 
     p = sub.add_parser("taskserver", help="run one task server")
@@ -430,6 +480,9 @@ def build_parser(*, light: bool = False) -> argparse.ArgumentParser:
     p.add_argument("--advertise", help="host:port the gateway should dial")
     p.add_argument(
         "--idle-exit-s", type=float, help="retire after this long without a task (0: never)"
+    )
+    p.add_argument(
+        "--drain-timeout-s", type=float, help="on SIGTERM, finish queued tasks this long (3)"
     )
     p.add_argument(
         "--exit-with-parent",
@@ -449,6 +502,18 @@ def build_parser(*, light: bool = False) -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--providers", default="auto", choices=["auto", "cpu", "cuda"], help="onnxruntime"
+    )
+    g.add_argument(
+        "--modules",
+        metavar="IDS",
+        help="run only these modules of the pipeline (comma-separated ids): one stage of a "
+        "pipeline split across task servers (default: all)",
+    )
+    g.add_argument(
+        "--peer",
+        action="append",
+        metavar="MODULE=HOST:PORT",
+        help="the task server that runs a later stage, entered at MODULE (repeat per module)",
     )
     p.set_defaults(func=cmd_taskserver)
 

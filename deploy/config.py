@@ -56,13 +56,28 @@ class TailgateConfig:
     source: str = ""
 
     def redacted(self) -> TailgateConfig:
-        """A copy fit for printing: every token replaced by a placeholder."""
+        """A copy fit for printing: every token and the store's password replaced."""
         gw, ts = self.gateway, self.taskserver
+        if gw.token is not None:
+            gw = dataclasses.replace(gw, token=REDACTED)
+        url = _without_password(gw.storage_url)
+        if url != gw.storage_url:
+            gw = dataclasses.replace(gw, storage_url=url)
         return dataclasses.replace(
             self,
-            gateway=gw if gw.token is None else dataclasses.replace(gw, token=REDACTED),
+            gateway=gw,
             taskserver=ts if ts.token is None else dataclasses.replace(ts, token=REDACTED),
         )
+
+
+def _without_password(url: str) -> str:
+    """`url` with the password of its user-info part replaced (scheme://user:***@host/...)."""
+    scheme, sep, rest = url.partition("://")
+    userinfo, at, host = rest.rpartition("@")
+    if not sep or not at or ":" not in userinfo:
+        return url
+    user = userinfo.split(":", 1)[0]
+    return f"{scheme}://{user}:{REDACTED}@{host}"
 
 
 def _describe(value: Any) -> str:

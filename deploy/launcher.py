@@ -333,7 +333,7 @@ async def up(cfg: TailgateConfig, opts: UpOptions) -> None:
             procs,
             START_TIMEOUT_S + AGENT_START_S * opts.edge_agents,
         )
-        _banner(url, opts, token_given=cfg.gateway.token is not None)
+        _banner(url, opts, token_given=cfg.gateway.token is not None, history=service.history.where)
         while True:
             await asyncio.sleep(1.0)
             for p, spec in zip(procs, specs, strict=True):
@@ -366,7 +366,7 @@ async def _wait_ready(
     )
 
 
-def _banner(url: str, opts: UpOptions, *, token_given: bool) -> None:
+def _banner(url: str, opts: UpOptions, *, token_given: bool, history: str = "") -> None:
     pool, n = ("default", opts.servers) if opts.servers else ("edge", opts.edge_agents)
 
     def curl(targets: dict[str, Any], cls: str = "A") -> str:
@@ -399,6 +399,9 @@ def _banner(url: str, opts: UpOptions, *, token_given: bool) -> None:
             else []
         ),
         f"  metrics:  {url}/metrics    API: {url}/openapi.json",
+        # The history store (storage_url, tailgate-gateway.db in this folder by default)
+        # keeps the dashboard's last hours across restarts.
+        f"  dashboard: {url}/dashboard   (history in {history or 'memory'})",
         *([f"  autoscaler: {url}/v1/autoscaler"] if opts.autoscale else []),
         f"  registration token: {token}",
         "  Ctrl-C stops everything.",

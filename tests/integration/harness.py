@@ -86,6 +86,9 @@ def start_cli(
     if config is not None:
         argv += ["--config", str(config)]
     argv += list(args)
+    named = "--storage-url" in args or (config is not None and "storage_url" in config.read_text())
+    if args and args[0] in ("gateway", "up") and not named:
+        argv += ["--storage-url", ""]  # history in memory: no store file left in the checkout
     child_env = dict(os.environ, PYTHONUNBUFFERED="1")
     for name in ("TAILGATE_CONFIG", "TAILGATE_AGENT_TOKEN", "TAILGATE_AGENT_TOKEN_FILE"):
         child_env.pop(name, None)

@@ -21,7 +21,7 @@ from tests.integration.conftest import Cluster, query
 
 pytestmark = pytest.mark.integration
 
-RBAC_YAML = Path(__file__).resolve().parents[2] / "deploy" / "rbac-autoscaler.yaml"
+RBAC_YAML = Path(__file__).resolve().parents[2] / "deploy/k8s/base/rbac-autoscaler.yaml"
 
 
 def pid_alive(pid: int) -> bool:
@@ -321,7 +321,8 @@ def test_rbac_grants_only_get_and_patch_on_the_named_scale_subresource() -> None
     assert docs["Role"]["rules"] == [
         {
             "apiGroups": ["apps"],
-            "resources": ["deployments/scale"],
+            # The base runs the task servers as a StatefulSet (stable server ids).
+            "resources": ["statefulsets/scale"],
             "resourceNames": ["tailgate-taskserver"],
             "verbs": ["get", "patch"],
         }

@@ -45,6 +45,8 @@ async def test_up_autoscale_adds_a_server_when_tasks_miss_deadlines(tmp_path: Pa
         "--config",
         str(cfg),
         "up",
+        "--storage-url",
+        "",
         "--servers",
         "1",
         "--max-servers",

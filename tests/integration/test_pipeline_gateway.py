@@ -70,3 +70,37 @@ async def test_a_pipeline_query_returns_model_outputs_and_a_doomed_one_is_droppe
         'server="gpu-1"} 1.0'
     ) in text
     assert "tailgate_pipeline_goodput_rps{" in text and "tailgate_pipeline_invalid_rate{" in text
+
+
+async def test_a_pipeline_split_over_two_task_servers_answers_through_the_gateway(
+    cluster: Cluster, http: aiohttp.ClientSession
+) -> None:
+    gw = cluster.gateway(
+        '[[pools]]\nname = "default"\n[pools.prior]\nkind = "constant"\nvalue_ms = 1.0\n'
+    )
+    tail = cluster.taskserver(
+        "stage-2", "--pipeline", "traffic", "--providers", "cpu", "--modules", "2,3"
+    )
+    metrics_port = free_port()
+    head = cluster.taskserver(
+        "stage-1",
+        *("--pipeline", "traffic", "--providers", "cpu", "--modules", "1"),
+        *("--peer", f"2={tail.address}", "--metrics-port", str(metrics_port)),
+    )
+    await register(http, gw, head, slots=256)  # the gateway only knows the first stage
+    body = {
+        "slo": {"percentile": 99, "latency_ms": 3000},
+        "targets": {"servers": ["stage-1"]},
+        "task": {"image_seed": 7},
+    }
+    status, answer, _ = await query(http, gw, body)
+    assert status == 200, answer
+    result = answer["tasks"][0]["result"]
+    assert list(result["modules"]) == ["1", "2", "3"]
+    assert "stage" not in result["modules"]["1"]
+    assert result["modules"]["2"]["stage"] == result["modules"]["3"]["stage"] == tail.address
+    assert result["outputs"]["3"]["module"] == "text_recognition"
+    # The first stage's /metrics: one request done, none dropped.
+    async with http.get(f"http://127.0.0.1:{metrics_port}/metrics") as r:
+        text = await r.text()
+    assert 'tailgate_taskserver_tasks_total{server="stage-1",status="ok"} 1.0' in text

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from deploy.config import ConfigError, load_config, parse_config
+from deploy.config import ConfigError, TailgateConfig, load_config, parse_config
+from gateway.config import GatewayConfig
 from tests.conftest import REPO_ROOT
 
 
@@ -255,3 +256,14 @@ def test_bad_tokens_name_their_source_without_quoting_them(
     assert words in err.value.message
     for secret in ("two words", "has space", "bad token"):
         assert secret not in str(err.value)
+
+
+def test_printing_the_config_hides_the_stores_password(tmp_path: Path) -> None:
+    f = tmp_path / "t.toml"
+    f.write_text('[gateway]\nstorage_url = "postgresql+psycopg://tg:s3cret@db:5432/tailgate"\n')
+    cfg = load_config(f, env={})
+    assert cfg.gateway.storage_url.endswith("tg:s3cret@db:5432/tailgate")  # used as given
+    shown = cfg.redacted().gateway.storage_url
+    assert shown == "postgresql+psycopg://tg:<redacted>@db:5432/tailgate"
+    plain = GatewayConfig(storage_url="sqlite:///tailgate-gateway.db")
+    assert TailgateConfig(gateway=plain).redacted().gateway.storage_url == plain.storage_url

@@ -1,27 +1,33 @@
-# syntax=docker/dockerfile:1
-# Tailgate edge agent for a Raspberry Pi (linux/arm64), built from the repository root:
+# Tailgate edge agent for Raspberry Pis: linux/arm64 (64-bit Pi OS) and linux/arm/v7
+# (32-bit), linux/amd64 for testing. From the repository root (deploy/README.md has the
+# buildx setup and the push):
 #
-#   docker buildx build --platform linux/arm64 -f deploy/edge/Dockerfile -t tailgate-edge-agent .
+#   docker buildx build --platform linux/arm64,linux/arm/v7 \
+#       -f deploy/docker/edge-agent.Dockerfile -t registry.example.com/tailgate/edge-agent:0.1.0 .
 #   docker run -d --name edge-agent --restart on-failure -p 9201:9201 \
 #       -v tailgate-edge:/var/lib/tailgate-edge --env-file edge-agent.env \
-#       tailgate-edge-agent --id pi-wetlab-3 --cluster wet-lab \
+#       registry.example.com/tailgate/edge-agent:0.1.0 --id pi-wetlab-3 --cluster wet-lab \
 #       --gateway http://10.0.0.2:8080 --advertise 10.0.0.23:9201
 #
-# edge-agent.env holds TAILGATE_AGENT_TOKEN=... . Only the agent's own dependencies are
-# installed (deploy/edge/requirements.txt); Tailgate itself goes in with --no-deps.
+# edge-agent.env holds TAILGATE_AGENT_TOKEN=... . Only the agent's own dependencies go in
+# (deploy/edge/requirements.txt, versions from constraints.txt): no numpy, no onnxruntime.
+# Tailgate itself is installed with --no-deps.
 
-ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
-# A compiler, for wheels that have no arm64 build on PyPI (thriftpy2's Cython parts).
+# A compiler, for wheels PyPI lacks on a platform (thriftpy2 and uvloop on arm/v7).
 RUN apt-get update \
  && apt-get install -y --no-install-recommends build-essential \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
+COPY deploy/docker/constraints.txt deploy/docker/constraints.txt
 COPY deploy/edge/requirements.txt deploy/edge/requirements.txt
 RUN python -m venv /opt/tailgate/venv \
- && /opt/tailgate/venv/bin/pip install --no-cache-dir -r deploy/edge/requirements.txt
-# The packages pyproject.toml names; only edge_agent, taskserver and deploy run here.
+ && /opt/tailgate/venv/bin/pip install --no-cache-dir \
+        -c deploy/docker/constraints.txt -r deploy/edge/requirements.txt
+# The packages pyproject.toml names; only edge_agent, taskserver and deploy run here, so
+# onnx_models comes without its models.
 COPY pyproject.toml README.md ./
 COPY admission admission
 COPY deploy deploy
@@ -44,8 +50,9 @@ ENV PATH=/opt/tailgate/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1
 WORKDIR /var/lib/tailgate-edge
 VOLUME ["/var/lib/tailgate-edge"]
-USER tailgate:tailgate
+USER 10001:10001
 EXPOSE 9201
+# The agent serves Thrift only (no HTTP unless --metrics-port): check that it listens.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=60s \
     CMD ["python", "-c", "import socket; socket.create_connection(('127.0.0.1', 9201), 3).close()"]
 # SIGTERM (docker stop) stops the agent cleanly: tasks cancelled, store closed.

@@ -1,0 +1,23 @@
+#!/bin/sh
+# System packages the end-to-end tests drive for real: a Prometheus server that scrapes
+# the services, and headless Chromium for the dashboard. Installed from Debian's packages
+# when missing; without root (or sudo) the script says what to install and those tests
+# skip, naming the missing program.
+set -eu
+missing=""
+command -v prometheus >/dev/null 2>&1 || missing="$missing prometheus"
+command -v chromium >/dev/null 2>&1 || missing="$missing chromium"
+[ -z "$missing" ] && exit 0
+if [ "$(id -u)" = 0 ]; then
+    run=""
+elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+    run="sudo -n"
+else
+    echo "tests/system-deps.sh: not root: install$missing (Debian packages) for the e2e tests" >&2
+    exit 0
+fi
+echo "tests/system-deps.sh: installing$missing" >&2
+export DEBIAN_FRONTEND=noninteractive
+$run apt-get update -q >/dev/null
+# shellcheck disable=SC2086  # one word per package
+$run apt-get install -y -q --no-install-recommends $missing >/dev/null
