@@ -340,7 +340,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"tailgate up: {exc}", file=sys.stderr)
         return 2
-    run_async(up(cfg, opts))
+    stop = asyncio.Event()
+    run_async(up(cfg, opts, stop), stop)
     return 0
 
 

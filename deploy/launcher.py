@@ -265,8 +265,13 @@ async def _stop(procs: list[asyncio.subprocess.Process]) -> None:
             await p.wait()
 
 
-async def up(cfg: TailgateConfig, opts: UpOptions) -> None:
-    """Run everything until cancelled (Ctrl-C), then stop the children."""
+async def up(cfg: TailgateConfig, opts: UpOptions, stop: asyncio.Event | None = None) -> None:
+    """Run everything until `stop` is set (Ctrl-C) or cancelled, then stop the children.
+
+    On `stop` the gateway drains first (new queries get 503 draining, those in flight are
+    answered while the servers still run); then the children get SIGTERM and drain too.
+    """
+    stop = asyncio.Event() if stop is None else stop
     from aiohttp import web
 
     from gateway.app import create_app
@@ -334,12 +339,18 @@ async def up(cfg: TailgateConfig, opts: UpOptions) -> None:
             START_TIMEOUT_S + AGENT_START_S * opts.edge_agents,
         )
         _banner(url, opts, token_given=cfg.gateway.token is not None, history=service.history.where)
-        while True:
-            await asyncio.sleep(1.0)
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 1.0)
             for p, spec in zip(procs, specs, strict=True):
                 if p.returncode is not None:
                     log.error("server %s exited with code %s", spec.server_id, p.returncode)
                     raise SystemExit(1)
+        report = await service.drain()
+        print(
+            f"tailgate: gateway drained {report.queries} queries in {report.seconds:.2f} s",
+            file=sys.stderr,
+        )
     finally:
         await _stop(procs)
         await runner.cleanup()

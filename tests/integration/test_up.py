@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -141,9 +142,21 @@ def test_up_serves_both_pools_and_ctrl_c_stops_everything(tmp_path: Path) -> Non
         )
         assert bad.returncode == 1
         assert "HTTP 400" in bad.stderr and "targets.fanout" in bad.stderr
-        proc.send_signal(signal.SIGINT)
+        # Ctrl-C drains: a query in flight is still answered, then everything stops.
+        slow = {
+            "slo": {"percentile": 99, "latency_ms": 5000},
+            "targets": {"pool": "default", "fanout": 1},
+            "task": {"service_ms": 700},
+        }
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            in_flight = pool.submit(_post, url, slow)
+            time.sleep(0.3)
+            proc.send_signal(signal.SIGINT)
+            assert in_flight.result(timeout=15)[0] == 200
         proc.wait(15)
-        assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""
+        err = proc.stderr.read() if proc.stderr else ""
+        assert proc.returncode == 0, err
+        assert "gateway drained 1 queries" in err, err
         for pid in children:
             with pytest.raises(ProcessLookupError):
                 os.kill(pid, 0)
