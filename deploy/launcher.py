@@ -415,6 +415,6 @@ def _banner(url: str, opts: UpOptions, *, token_given: bool, history: str = "") 
         f"  dashboard: {url}/dashboard   (history in {history or 'memory'})",
         *([f"  autoscaler: {url}/v1/autoscaler"] if opts.autoscale else []),
         f"  registration token: {token}",
-        "  Ctrl-C stops everything.",
+        "  Ctrl-C drains the gateway, then stops everything.",
     ]
     print("\n".join(lines), flush=True)

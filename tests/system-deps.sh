@@ -1,12 +1,15 @@
 #!/bin/sh
-# System packages the end-to-end tests drive for real: a Prometheus server that scrapes
-# the services, and headless Chromium for the dashboard. Installed from Debian's packages
+# System packages the tests drive for real: a Prometheus server that scrapes the
+# services, headless Chromium for the dashboard, and a PostgreSQL server for the
+# gateway's history store. Installed from Debian's packages
 # when missing; without root (or sudo) the script says what to install and those tests
 # skip, naming the missing program.
 set -eu
 missing=""
 command -v prometheus >/dev/null 2>&1 || missing="$missing prometheus"
 command -v chromium >/dev/null 2>&1 || missing="$missing chromium"
+ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || command -v pg_ctl >/dev/null 2>&1 \
+    || missing="$missing postgresql"
 [ -z "$missing" ] && exit 0
 if [ "$(id -u)" = 0 ]; then
     run=""
