@@ -9,12 +9,16 @@ budget the pipeline's SLO. It prints, and writes to OUT/ as markdown, CSV and PN
 (requests finished within the SLO per second) over time and overall, drop rate (dropped
 plus late over all), invalid rate (model time spent on requests finally dropped or late,
 over all model time) and where the drops happened, by module.
+
+A policy named ``NAME@profile`` runs NAME with the offline profile's d_k alone (PARD's
+own setting, ``adapt_durations = false``); plain names follow the measured batch times.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import time
 from collections.abc import Sequence
@@ -31,7 +35,13 @@ async def run_policy(
     spec: str, dropper: str, arrivals_s: Sequence[float], seconds: float
 ) -> dict[str, Any]:
     """Replay arrivals into a new executor with this dropper; per-second goodput and totals."""
-    config = pipeline_config(spec, dropper=dropper, providers="cpu")
+    name, _, variant = dropper.partition("@")
+    config = pipeline_config(spec, dropper=name, providers="cpu")
+    if variant == "profile":
+        knobs = dataclasses.replace(config.pard, adapt_durations=False)
+        config = dataclasses.replace(config, pard=knobs)
+    elif variant:
+        raise SystemExit(f"--droppers: unknown variant {variant!r} in {dropper!r} (profile)")
     ex = PipelineExecutor(config)
     slo_s = config.slo_ms / 1000.0
     per_s = [0] * (int(seconds) + 1)

@@ -189,9 +189,17 @@ class PipelineCollector(Collector):
             "Model time a module spent on requests finally dropped / its model time.",
             labels=[*names, "module"],
         )
+        scale = GaugeMetricFamily(
+            "tailgate_pipeline_module_duration_scale",
+            "Measured / profiled batch time the module's d_k follows (1: the profile's).",
+            labels=[*names, "module"],
+        )
         for module, m in sorted(snap["modules"].items()):
             batch.add_metric([*labels, str(module)], float(m["mean_batch"]))
             if "invalid_rate" in m:
                 invalid.add_metric([*labels, str(module)], float(m["invalid_rate"]))
+            if "duration_scale" in m:
+                scale.add_metric([*labels, str(module)], float(m["duration_scale"]))
         yield batch
         yield invalid
+        yield scale

@@ -19,6 +19,7 @@ The first downstream() call refreshes if nobody has yet.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from collections.abc import Mapping
@@ -51,6 +52,9 @@ class ModuleState:
     wait_fractions: tuple[float, ...] = ()  # quantile sketch of recent W_i / d_i; () = unknown
     seq: int = -1  # per-module publish counter: a larger one is newer
     incarnation: int = 0  # changes when the module restarts (its seq starts again)
+    # measured / profiled batch duration: d_i used in eq. (3) is the profile's times this.
+    # Beyond the paper, which trusts its offline profile; 1.0 keeps the paper's d_i.
+    duration_scale: float = 1.0
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -61,6 +65,9 @@ class ModuleState:
             raise ValueError(
                 f"module state queue_delay_s: must be finite and >= 0, got {self.queue_delay_s!r}"
             )
+        s = self.duration_scale
+        if isinstance(s, bool) or not isinstance(s, int | float) or not math.isfinite(s) or s <= 0:
+            raise ValueError(f"module state duration_scale: must be finite and > 0, got {s!r}")
         f = self.wait_fractions
         if f and (len(f) < 2 or any(not 0.0 <= a <= b <= 1.0 for a, b in pairwise(f))):
             raise ValueError(
@@ -186,17 +193,13 @@ class StatePlanner:
         self._workers = _check_int("workers", workers)
         self._set_own(workers=workers)
 
-    def _set_own(self, **changes: int) -> None:
+    def set_duration_scale(self, scale: float) -> None:
+        """This module's batches run `scale` times their profiled d_k (online correction)."""
+        self._set_own(duration_scale=float(scale))
+
+    def _set_own(self, **changes: float) -> None:
         own = self._states[self.module_id]
-        self._states[self.module_id] = ModuleState(
-            self.module_id,
-            changes.get("batch_size", own.batch_size),
-            changes.get("workers", own.workers),
-            own.queue_delay_s,
-            own.wait_fractions,
-            own.seq,
-            own.incarnation,
-        )
+        self._states[self.module_id] = dataclasses.replace(own, **changes)  # type: ignore[arg-type]
         self._version += 1
 
     # ---- exchange ---------------------------------------------------------------------------
@@ -212,6 +215,7 @@ class StatePlanner:
             self._sketch.fractions(),
             self._seq,
             self.incarnation,
+            own.duration_scale,
         )
         self._seq += 1
         self._states[self.module_id] = state
@@ -240,7 +244,13 @@ class StatePlanner:
     # ---- estimates ----------------------------------------------------------------------------
 
     def duration_s(self, module_id: str, batch_size: int | None = None) -> float:
-        """d_i from the profile, at the synchronised batch size unless one is given."""
+        """d_i: the profile's, times the module's duration_scale, at the synchronised batch
+        size unless one is given."""
+        state = self.state(module_id)
+        return self.profiled_s(module_id, batch_size) * state.duration_scale
+
+    def profiled_s(self, module_id: str, batch_size: int | None = None) -> float:
+        """d_i as the offline profile has it, at the synchronised batch size unless given."""
         b = self.state(module_id).batch_size if batch_size is None else batch_size
         key = (module_id, b)
         cached = self._durations.get(key)

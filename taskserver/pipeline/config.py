@@ -174,6 +174,10 @@ class PardKnobs:
     """mu / eps settings of the HBF/LBF switch (None: the core's defaults)."""
     seed: int = 0
     """Seed of the planners' w_k draws (the same states give the same w_k)."""
+    adapt_durations: bool = True
+    """Scale each module's profiled d_k by how much slower or faster its batches really
+    run (an EWMA over batches, exchanged with the module states). Beyond the paper, which
+    uses the offline profile alone; False keeps the paper's d_k."""
 
     def __post_init__(self) -> None:
         for key in ("window_s", "exchange_period_s", "metrics_window_s"):

@@ -146,7 +146,15 @@ class PipelineExecutor(Executor):
                 dropper = create_dropper(config.dropper, planner, priority=knobs.priority)
             except ValueError as exc:
                 raise PipelineConfigError(f"pipeline dropper: {exc}") from exc
-            self.workers[m.id] = ModuleWorker(m, runners[m.id], planner, dropper, self, clock=clock)
+            self.workers[m.id] = ModuleWorker(
+                m,
+                runners[m.id],
+                planner,
+                dropper,
+                self,
+                clock=clock,
+                adapt_durations=knobs.adapt_durations,
+            )
             self._downstream[m.id] = {x for p in graph.downstream_paths(m.id) for x in p}
         self.metrics = PardMetrics(knobs.metrics_window_s)
         self.cancelled = 0
@@ -411,6 +419,8 @@ class PipelineExecutor(Executor):
                 "queued": len(w.queue),
                 "open": w.open_count,
                 "batch_size": w.planner.state(mid).batch_size,
+                # d_k used in eq. (3) = profiled d_k x this (1.0 unless adapt_durations)
+                "duration_scale": round(w.planner.state(mid).duration_scale, 3),
                 "invalid_rate": self.metrics.module(mid).invalid_rate,
             }
         return {

@@ -107,6 +107,7 @@ def decode_states(pipeline: str, raw: bytes) -> list[ModuleState]:
                     wait_fractions=tuple(float(x) for x in item.get("wait_fractions", ())),
                     seq=int(item.get("seq", -1)),
                     incarnation=int(item.get("incarnation", 0)),
+                    duration_scale=float(item.get("duration_scale", 1.0)),
                 )
             )
         except (KeyError, TypeError, ValueError) as exc:

@@ -50,6 +50,11 @@ _HISTORY = 256  # batches kept per module for inspection
 _RECHECK_SLACK_S = 0.001  # a batch that starts this late after its t_e is rechecked
 
 
+_ADAPT_WEIGHT = 0.1  # EWMA weight of one batch in the duration scale
+_ADAPT_STEP = 0.02  # relative change of the scale that reaches the planner
+_SCALE_MIN, _SCALE_MAX = 0.5, 4.0
+
+
 class Router(Protocol):
     """Where a worker sends what happened to its requests (the PipelineExecutor)."""
 
@@ -88,8 +93,10 @@ class ModuleWorker:
         router: Router,
         *,
         clock: Callable[[], float] = time.perf_counter,
+        adapt_durations: bool = False,
     ) -> None:
         self.module = module
+        self.adapt_durations = adapt_durations
         self.runner = runner
         self.planner = planner
         self.dropper = dropper
@@ -119,6 +126,7 @@ class ModuleWorker:
         self.busy_s = 0.0  # prep + model time
         self.exec_s = 0.0  # model time alone
         self.profiled_s = 0.0  # what the profile said those batches would take: d_k(target)
+        self.duration_scale = 1.0  # EWMA of measured / profiled batch time (adapt_durations)
         self.decide_s = 0.0  # push + form_batch (PARD decision and DEPQ), on the loop
         self.decided = 0
         self.history: deque[BatchRecord] = deque(maxlen=_HISTORY)
@@ -318,7 +326,9 @@ class ModuleWorker:
         self.short_batches += len(flights) < target
         self.busy_s += prep_s + exec_s
         self.exec_s += exec_s
-        self.profiled_s += self.planner.duration_s(self.id, target)
+        self.profiled_s += self.planner.profiled_s(self.id, target)
+        if self.adapt_durations:
+            self._adapt(prep_s + exec_s, len(flights), target)
         self.history.append(BatchRecord(self.id, tuple(ids), target, started_s, now, exec_s))
         self.router.executed(self.module, ids, exec_s, now)
         for i, flight in enumerate(flights):
@@ -326,6 +336,27 @@ class ModuleWorker:
             timing.prep_s, timing.exec_s = prep_s, exec_s
             if flight.alive:
                 self.router.forward(flight, self.module, output[i], now)
+
+    def _adapt(self, took_s: float, size: int, target: int) -> None:
+        """Follow how much slower (or faster) than profiled this module's batches run.
+
+        Beyond the paper, whose d_k come from the offline profile alone: on a shared host the
+        batches of a loaded pipeline ran 1.2-1.6x their profiled time, and eq. (3) with the
+        profile's d_k then admits requests that end late. The scale is an EWMA (weight
+        ``_ADAPT_WEIGHT`` per batch) of measured / profiled time, clipped to
+        [``_SCALE_MIN``, ``_SCALE_MAX``]; it reaches the module's own planner at once when it
+        moves by more than ``_ADAPT_STEP``, and the other modules' planners with the next
+        state exchange (``ModuleState.duration_scale``).
+        """
+        try:
+            profiled = self.planner.profiled_s(self.id, max(size, self.module.batch_sizes[0]))
+        except Exception:  # a profile that knows the feasible sizes only
+            profiled = self.planner.profiled_s(self.id, target)
+        ratio = min(max(took_s / profiled, _SCALE_MIN), _SCALE_MAX)
+        self.duration_scale += _ADAPT_WEIGHT * (ratio - self.duration_scale)
+        current = self.planner.state(self.id).duration_scale
+        if abs(self.duration_scale - current) > _ADAPT_STEP * current:
+            self.planner.set_duration_scale(self.duration_scale)
 
     def _fail_all(self, error: ExecutorError) -> None:
         held = [*self._completing, *(r.item for r, _, _ in self._open.values())]

@@ -205,3 +205,17 @@ def test_graph_from_a_spec_with_integer_ids() -> None:
     graph = PipelineGraph.from_spec(Spec())
     assert graph.modules == ("1", "2", "4", "3")
     assert graph.downstream_paths("1") == (("2", "4"), ("3", "4"))
+
+
+def test_a_duration_scale_stretches_d_k_here_and_after_an_exchange() -> None:
+    planner = chain_planner()
+    planner.set_duration_scale(1.5)
+    assert planner.duration_s("A") == pytest.approx(0.045)  # 30 ms profiled x 1.5
+    assert planner.profiled_s("A") == pytest.approx(0.030)
+    assert planner.snapshot(now=0.0).duration_scale == 1.5
+    assert planner.downstream()[0].exec_s == pytest.approx(0.060)
+    # C reports that its batches run twice their profile: the path B -> C grows by 40 ms
+    assert planner.merge(ModuleState("C", 1, seq=0, duration_scale=2.0))
+    assert planner.downstream()[0].exec_s == pytest.approx(0.100)
+    with pytest.raises(ValueError, match="duration_scale"):
+        ModuleState("C", 1, duration_scale=0.0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import json
 import threading
 import time
@@ -423,3 +424,24 @@ def test_a_model_that_cannot_be_loaded_is_a_config_error(tmp_path):
     modules = (ModuleConfig("1", "broken", bad),)
     with pytest.raises(PipelineConfigError, match=r"broken \(id 1\) model: cannot load"):
         PipelineExecutor(make_config(modules, providers="cpu"))
+
+
+@pytest.mark.parametrize("adapt", [True, False])
+async def test_a_module_slower_than_its_profile_stretches_its_d_k(executors, adapt):
+    # profiled d_k(1) = 1 ms; module 1 really takes ~6 ms a batch
+    runners = {"1": FakeRunner(delay_s=0.006), "2": FakeRunner()}
+    config = make_config(chain_modules(2), slo_ms=10_000.0)
+    config = dataclasses.replace(
+        config, pard=dataclasses.replace(config.pard, adapt_durations=adapt)
+    )
+    ex = executors(config, runners)
+    for i in range(12):
+        await ex.execute(payload(image_seed=i))
+    scale = ex.workers["1"].planner.state("1").duration_scale
+    if adapt:  # EWMA of 12 batches towards the clipped ratio 4: 1 + 3 * (1 - 0.9^12) ~ 2.9
+        assert 2.0 < scale <= 4.0
+        assert ex.workers["1"].planner.duration_s("1", 1) == pytest.approx(scale / 1000)
+    else:
+        assert scale == 1.0
+    assert ex.snapshot()["modules"]["1"]["duration_scale"] == round(scale, 3)
+    assert ex.snapshot()["modules"]["1"]["exec_vs_profile"] > 3  # always against the profile
