@@ -155,6 +155,16 @@ def cmd_taskserver(args: argparse.Namespace) -> int:
     return 0
 
 
+UP_EDGE_AGENTS = 4
+"""Edge agents `tailgate up` starts by default (one per cluster) when pool 'edge' exists."""
+
+
+def up_edge_agents(given: int | None, cfg: Any) -> int:
+    """The edge agents `up` starts: as given, else UP_EDGE_AGENTS if the config has pool edge."""
+    if given is not None:
+        return given
+    return UP_EDGE_AGENTS if cfg.gateway.pool_named("edge") is not None else 0
+
 PIPELINE_SLOTS = 256
 """Default slots of a pipeline task server (well above the largest batch size)."""
 
@@ -323,7 +333,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         cfg = dataclasses.replace(cfg, gateway=gw)
     opts = UpOptions(
         servers=args.servers,
-        edge_agents=args.edge_agents,
+        edge_agents=up_edge_agents(args.edge_agents, cfg),
         port=args.port,
         host=args.host,
         policy=args.policy,
@@ -425,8 +435,9 @@ def build_parser(*, light: bool = False) -> argparse.ArgumentParser:
     p.add_argument(
         "--edge-agents",
         type=int,
-        default=0,
-        help="edge agents in pool 'edge' (central queueing), four clusters (0)",
+        default=None,
+        help=f"edge agents in pool 'edge' (central queueing), four clusters "
+        f"({UP_EDGE_AGENTS} when the config has a pool 'edge', else 0)",
     )
     p.add_argument("--port", type=int, default=8080, help="gateway HTTP port (8080)")
     p.add_argument("--host", default="127.0.0.1", help="gateway bind address (127.0.0.1)")

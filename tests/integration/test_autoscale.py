@@ -47,6 +47,8 @@ async def test_up_autoscale_adds_a_server_when_tasks_miss_deadlines(tmp_path: Pa
         "up",
         "--storage-url",
         "",
+        "--edge-agents",
+        "0",
         "--servers",
         "1",
         "--max-servers",

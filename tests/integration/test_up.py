@@ -198,6 +198,8 @@ def test_killed_up_takes_its_task_servers_with_it() -> None:
             "up",
             "--storage-url",
             "",
+            "--edge-agents",
+            "0",
             "--servers",
             "2",
             "--port",

@@ -267,3 +267,14 @@ def test_printing_the_config_hides_the_stores_password(tmp_path: Path) -> None:
     assert shown == "postgresql+psycopg://tg:<redacted>@db:5432/tailgate"
     plain = GatewayConfig(storage_url="sqlite:///tailgate-gateway.db")
     assert TailgateConfig(gateway=plain).redacted().gateway.storage_url == plain.storage_url
+
+
+def test_up_starts_four_edge_agents_by_default_when_there_is_an_edge_pool(tmp_path: Path) -> None:
+    from deploy.cli import UP_EDGE_AGENTS, up_edge_agents
+
+    default = load_config(None, env={})
+    assert UP_EDGE_AGENTS == 4 and up_edge_agents(None, default) == 4
+    assert up_edge_agents(0, default) == 0 and up_edge_agents(7, default) == 7
+    f = tmp_path / "t.toml"
+    f.write_text('[[pools]]\nname = "gpu"\n')
+    assert up_edge_agents(None, load_config(f, env={})) == 0
