@@ -89,6 +89,7 @@ class LocalActuator(Actuator):
         stop_timeout_s: float = 10.0,
         http_timeout_s: float = 10.0,
         token: str | None = None,
+        metrics_port_base: int | None = None,
     ) -> None:
         if slots < 1:
             raise ValueError(f"slots must be >= 1, got {slots!r}")
@@ -105,6 +106,8 @@ class LocalActuator(Actuator):
         self.host = host
         self.extra_args = list(extra_args)
         self.slots = slots
+        # server n serves /metrics on metrics_port_base + n - 1 (None: no metrics port)
+        self.metrics_port_base = metrics_port_base
         self.start_timeout_s = start_timeout_s
         self.stop_timeout_s = stop_timeout_s
         self.http_timeout_s = http_timeout_s
@@ -222,6 +225,8 @@ class LocalActuator(Actuator):
             str(self.slots),
             *self.extra_args,
         ]
+        if self.metrics_port_base is not None:
+            argv += ["--metrics-port", str(self.metrics_port_base + n - 1)]
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.start_timeout_s
         try:

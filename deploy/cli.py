@@ -165,6 +165,7 @@ def up_edge_agents(given: int | None, cfg: Any) -> int:
         return given
     return UP_EDGE_AGENTS if cfg.gateway.pool_named("edge") is not None else 0
 
+
 PIPELINE_SLOTS = 256
 """Default slots of a pipeline task server (well above the largest batch size)."""
 

@@ -331,7 +331,16 @@ async def up(cfg: TailgateConfig, opts: UpOptions, stop: asyncio.Event | None = 
             )
         if opts.autoscale:
             extra = ["--policy", opts.policy] if opts.policy else []
-            await service.enable_autoscaler(url, extra, initial=opts.servers, slots=opts.slots or 1)
+            # with --metrics-ports, autoscaled server n serves /metrics after the edge agents'
+            # ports: gateway port + 100 + edge agents + n - 1
+            metrics_base = opts.port + 100 + opts.edge_agents if opts.metrics else None
+            await service.enable_autoscaler(
+                url,
+                extra,
+                initial=opts.servers,
+                slots=opts.slots or 1,
+                metrics_port_base=metrics_base,
+            )
         await _wait_ready(
             service,
             len(specs) + (opts.servers if opts.autoscale else 0),

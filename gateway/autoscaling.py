@@ -173,6 +173,7 @@ def make_actuator(
     slots: int = 1,
     *,
     token: str | None = None,
+    metrics_port_base: int | None = None,
 ) -> Actuator:
     """The actuator the config names; the local one registers its servers here, with the token."""
     from admission.actuators import KubernetesActuator, LocalActuator
@@ -185,6 +186,7 @@ def make_actuator(
             extra_args=extra_args,
             slots=slots,
             token=token,
+            metrics_port_base=metrics_port_base,
         )
     return KubernetesActuator(
         name=config.k8s_name, namespace=config.k8s_namespace, kind=config.k8s_kind

@@ -177,6 +177,7 @@ class GatewayService:
         extra_args: list[str],
         initial: int | None = None,
         slots: int = 1,
+        metrics_port_base: int | None = None,
     ) -> AutoscalerLoop:
         """Scale the pool to `initial` (default: min replicas), then start the autoscaler.
 
@@ -185,7 +186,14 @@ class GatewayService:
         cfg = self.config.autoscaling
         if cfg.policy == "swayam":
             extra_args = [*extra_args, "--idle-exit-s", f"{cfg.idle_s:g}"]
-        actuator = make_actuator(cfg, gateway_url, extra_args, slots, token=self.config.token)
+        actuator = make_actuator(
+            cfg,
+            gateway_url,
+            extra_args,
+            slots,
+            token=self.config.token,
+            metrics_port_base=metrics_port_base,
+        )
         loop = AutoscalerLoop(self, cfg, actuator, self.clock)
         self.autoscaler = loop
         start = cfg.min_replicas if initial is None else initial

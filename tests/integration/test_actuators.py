@@ -24,6 +24,21 @@ pytestmark = pytest.mark.integration
 RBAC_YAML = Path(__file__).resolve().parents[2] / "deploy/k8s/base/rbac-autoscaler.yaml"
 
 
+def _two_free_ports() -> int:
+    """A port p such that p and p + 1 were both free a moment ago."""
+    import socket
+
+    for _ in range(50):
+        p = free_port()
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", p + 1))
+            except OSError:
+                continue
+        return p
+    raise AssertionError("no two consecutive free ports")
+
+
 def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -59,10 +74,16 @@ async def test_local_actuator_scales_real_task_servers(
     cluster: Cluster, http: aiohttp.ClientSession
 ) -> None:
     gw = cluster.gateway()
-    act = LocalActuator(gateway_url=gw.url, id_prefix="auto", start_timeout_s=20)
+    metrics_base = _two_free_ports()  # auto-1 serves /metrics on it, auto-2 on the next
+    act = LocalActuator(
+        gateway_url=gw.url, id_prefix="auto", start_timeout_s=20, metrics_port_base=metrics_base
+    )
     try:
         assert await act.scale_to(2) == 2
         assert await act.replicas() == 2
+        for n in (1, 2):  # each started server serves /metrics on its own port
+            async with http.get(f"http://127.0.0.1:{metrics_base + n - 1}/metrics") as r:
+                assert f'server="auto-{n}"' in await r.text()
         view = await servers(http, gw.url)
         assert {k: v["state"] for k, v in view.items()} == {"auto-1": "up", "auto-2": "up"}
         assert view["auto-1"]["pool"] == "default"
