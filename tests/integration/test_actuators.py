@@ -26,8 +26,6 @@ RBAC_YAML = Path(__file__).resolve().parents[2] / "deploy/k8s/base/rbac-autoscal
 
 def _two_free_ports() -> int:
     """A port p such that p and p + 1 were both free a moment ago."""
-    import socket
-
     for _ in range(50):
         p = free_port()
         with socket.socket() as s:
