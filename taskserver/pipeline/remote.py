@@ -144,6 +144,11 @@ class PeerLink:
         self.state_errors = 0
         self.last_error = ""
 
+    @property
+    def outstanding(self) -> int:
+        """Hand-offs waiting for the stage's answer."""
+        return len(self._pending)
+
     def new_key(self) -> str:
         """A task id for one hand-off, unique across this process's incarnations."""
         return f"pipe-{self._prefix}-{next(self._ids)}"
@@ -171,11 +176,17 @@ class PeerLink:
             self._pending.pop(key, None)
 
     def cancel(self, key: str) -> None:
-        """Ask the next stage to drop a hand-off (its answer, CANCELLED, is then ignored)."""
+        """Ask the next stage to drop a hand-off, and stop waiting for it here at once (a
+        stage that hangs must not hold the request's waiter; its late answer is ignored)."""
+        fut = self._pending.pop(key, None)
+        if fut is None:
+            return
         conn = self._conn
-        if conn is not None and not conn.closed and key in self._pending:
+        if conn is not None and not conn.closed:
             with contextlib.suppress(WireError):
                 conn.send("cancel", ONEWAY, 0, self._t.TaskServer.cancel_args(query_id=key))
+        if not fut.done():
+            fut.set_result(PeerResult("cancelled", None, "cancelled by the stage before"))
 
     def start(self) -> None:
         """Start polling the stage's module states (once per period)."""

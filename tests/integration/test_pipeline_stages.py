@@ -127,9 +127,12 @@ async def test_cancelling_a_request_cancels_its_hand_off(stages):
     tail_runner.run = slow  # type: ignore[method-assign]
     task = asyncio.create_task(head.executor.execute(request(image_seed=4, budget_ms=5_000)))
     await until(lambda: tail.executor.snapshot()["arrived"] == 1)
+    peer = head.executor.peers[tail.address]
+    assert peer.outstanding == 1
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+    assert peer.outstanding == 0  # not waiting on the later stage, whatever it does
     await until(lambda: tail.executor.snapshot()["cancelled"] == 1)
     assert tail.executor.snapshot()["on_time"] == 0
 
