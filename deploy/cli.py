@@ -159,6 +159,20 @@ UP_EDGE_AGENTS = 4
 """Edge agents `tailgate up` starts by default (one per cluster) when pool 'edge' exists."""
 
 
+def _check_pipeline(spec: str) -> None:
+    """Fail before anything starts: onnxruntime missing, or a spec that does not load."""
+    try:
+        import onnxruntime  # noqa: F401 - only whether it imports
+    except ImportError as exc:
+        raise ImportError(
+            "--pipeline-servers needs onnxruntime: pip install -e '.[onnx]' "
+            f"(or '.[gpu]' for onnxruntime-gpu); importing it failed: {exc}"
+        ) from exc
+    from deploy.pipelines import pipeline_config
+
+    pipeline_config(spec)
+
+
 def up_edge_agents(given: int | None, cfg: Any) -> int:
     """The edge agents `up` starts: as given, else UP_EDGE_AGENTS if the config has pool edge."""
     if given is not None:
@@ -335,6 +349,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     opts = UpOptions(
         servers=args.servers,
         edge_agents=up_edge_agents(args.edge_agents, cfg),
+        pipeline_servers=args.pipeline_servers,
+        pipeline=args.pipeline,
         port=args.port,
         host=args.host,
         policy=args.policy,
@@ -348,7 +364,9 @@ def cmd_up(args: argparse.Namespace) -> int:
     )
     try:
         opts.validate()
-    except ValueError as exc:
+        if opts.pipeline_servers:
+            _check_pipeline(opts.pipeline)
+    except (ValueError, OSError, ImportError) as exc:
         print(f"tailgate up: {exc}", file=sys.stderr)
         return 2
     stop = asyncio.Event()
@@ -439,6 +457,17 @@ def build_parser(*, light: bool = False) -> argparse.ArgumentParser:
         default=None,
         help=f"edge agents in pool 'edge' (central queueing), four clusters "
         f"({UP_EDGE_AGENTS} when the config has a pool 'edge', else 0)",
+    )
+    p.add_argument(
+        "--pipeline-servers",
+        type=int,
+        default=0,
+        help="task servers running an ONNX pipeline, in pool 'pipeline' (0; needs onnxruntime)",
+    )
+    p.add_argument(
+        "--pipeline",
+        default="traffic",
+        help="their pipeline: traffic, live, dag or a spec file (traffic)",
     )
     p.add_argument("--port", type=int, default=8080, help="gateway HTTP port (8080)")
     p.add_argument("--host", default="127.0.0.1", help="gateway bind address (127.0.0.1)")

@@ -31,6 +31,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from deploy.config import ENV_TOKEN, TailgateConfig
+from gateway.config import GatewayConfig, PoolConfig
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,10 @@ class UpOptions:
     """Months of readings seeded into a new store."""
     edge_profiles: bool = True
     """Emulate each cluster's latency profile (the SaaS testbed's heterogeneity)."""
+    pipeline_servers: int = 0
+    """Task servers running an ONNX inference pipeline, in pool "pipeline"."""
+    pipeline: str = "traffic"
+    """Their pipeline: a shipped name (traffic, live, dag) or a spec file."""
 
     def validate(self) -> None:
         """Raise ValueError naming the bad option."""
@@ -67,8 +72,13 @@ class UpOptions:
             raise ValueError(f"--servers: must be 0..512, got {self.servers}")
         if not 0 <= self.edge_agents <= 512:
             raise ValueError(f"--edge-agents: must be 0..512, got {self.edge_agents}")
-        if self.servers + self.edge_agents == 0:
-            raise ValueError("--servers and --edge-agents are both 0: nothing would serve queries")
+        if not 0 <= self.pipeline_servers <= 64:
+            raise ValueError(f"--pipeline-servers: must be 0..64, got {self.pipeline_servers}")
+        if self.servers + self.edge_agents + self.pipeline_servers == 0:
+            raise ValueError(
+                "--servers, --edge-agents and --pipeline-servers are all 0: "
+                "nothing would serve queries"
+            )
         if not 1 <= self.port <= 65535:
             raise ValueError(f"--port: must be 1..65535, got {self.port}")
         if self.policy is not None and self.policy not in ("tf-edfq", "t-edfq", "priq", "fifo"):
@@ -144,6 +154,30 @@ def taskserver_spec(
     sid = f"ts-{index + 1}"
     argv = _taskserver_argv(cfg.source, opts, sid, "default", url, index)
     return ChildSpec(sid, "default", tuple(argv), env={ENV_TOKEN: token})
+
+
+def pipeline_spec(
+    cfg: TailgateConfig, opts: UpOptions, index: int, url: str, token: str, metrics_index: int
+) -> ChildSpec:
+    """Pipeline task server pipe-(index+1) of pool "pipeline" (slots: the CLI's default)."""
+    sid = f"pipe-{index + 1}"
+    argv = _taskserver_argv(cfg.source, opts, sid, PIPELINE_POOL, url, metrics_index)
+    if "--slots" in argv:  # emulated servers' slots; a pipeline needs many tasks at once
+        at = argv.index("--slots")
+        del argv[at : at + 2]
+    argv += ["--pipeline", opts.pipeline]
+    return ChildSpec(sid, PIPELINE_POOL, tuple(argv), env={ENV_TOKEN: token})
+
+
+PIPELINE_POOL = "pipeline"
+"""The pool `up --pipeline-servers` adds (when the config has none of that name)."""
+
+
+def with_pipeline_pool(gw_cfg: GatewayConfig) -> GatewayConfig:
+    """The gateway config with a pool "pipeline" (server queueing, a CDF per server)."""
+    if gw_cfg.pool_named(PIPELINE_POOL) is not None:
+        return gw_cfg
+    return dataclasses.replace(gw_cfg, pools=(*gw_cfg.pools, PoolConfig(name=PIPELINE_POOL)))
 
 
 def edge_cluster(index: int, count: int) -> str:
@@ -289,6 +323,8 @@ async def up(cfg: TailgateConfig, opts: UpOptions, stop: asyncio.Event | None = 
             max_replicas=top,
         )
         gw_cfg = dataclasses.replace(gw_cfg, autoscaling=scaling)
+    if opts.pipeline_servers:
+        gw_cfg = with_pipeline_pool(gw_cfg)
     if opts.edge_agents and gw_cfg.pool_named("edge") is None:
         raise SystemExit("tailgate up: --edge-agents needs a pool named 'edge' in the config")
     if opts.policy:
@@ -321,6 +357,10 @@ async def up(cfg: TailgateConfig, opts: UpOptions, stop: asyncio.Event | None = 
             edge_agent_spec(cfg, opts, i, url, token, n_default + i)
             for i in range(opts.edge_agents)
         ]
+        specs += [
+            pipeline_spec(cfg, opts, i, url, token, n_default + opts.edge_agents + i)
+            for i in range(opts.pipeline_servers)
+        ]
         for spec in specs:
             env = {**os.environ, "PYTHONUNBUFFERED": "1", **spec.env}
             # Their stdout only announces the bound address, which we learn on registration.
@@ -332,8 +372,9 @@ async def up(cfg: TailgateConfig, opts: UpOptions, stop: asyncio.Event | None = 
         if opts.autoscale:
             extra = ["--policy", opts.policy] if opts.policy else []
             # with --metrics-ports, autoscaled server n serves /metrics after the edge agents'
-            # ports: gateway port + 100 + edge agents + n - 1
-            metrics_base = opts.port + 100 + opts.edge_agents if opts.metrics else None
+            # and pipeline servers' ports: gateway port + 100 + those + n - 1
+            after = opts.edge_agents + opts.pipeline_servers
+            metrics_base = opts.port + 100 + after if opts.metrics else None
             await service.enable_autoscaler(
                 url,
                 extra,
@@ -388,11 +429,21 @@ async def _wait_ready(
 
 def _banner(url: str, opts: UpOptions, *, token_given: bool, history: str = "") -> None:
     pool, n = ("default", opts.servers) if opts.servers else ("edge", opts.edge_agents)
+    if not n:
+        pool, n = PIPELINE_POOL, opts.pipeline_servers
 
     def curl(targets: dict[str, Any], cls: str = "A") -> str:
         # Edge agents answer sensing tasks; emulated task servers take any payload.
-        task = {"op": "latest", "sensor": "temperature"} if targets.get("pool") == "edge" else {}
-        body = json.dumps({"class": cls, "targets": targets, "task": task})
+        task: dict[str, Any] = {}
+        if targets.get("pool") == "edge":
+            task = {"op": "latest", "sensor": "temperature"}
+        elif targets.get("pool") == PIPELINE_POOL:
+            task = {"image_seed": 7}
+        query: dict[str, Any] = {"class": cls, "targets": targets, "task": task}
+        if targets.get("pool") == PIPELINE_POOL:  # the pipeline's own SLO, not a class's
+            del query["class"]
+            query = {"slo": {"percentile": 99, "latency_ms": 400}, **query}
+        body = json.dumps(query)
         return f"curl -s -X POST {url}/v1/queries -H 'Content-Type: application/json' -d '{body}'"
 
     clusters = sorted(
@@ -410,12 +461,22 @@ def _banner(url: str, opts: UpOptions, *, token_given: bool, history: str = "") 
             f" and {opts.edge_agents} edge agent(s) in clusters {', '.join(clusters)}"
             if opts.edge_agents
             else ""
+        )
+        + (
+            f" and {opts.pipeline_servers} {opts.pipeline} pipeline server(s)"
+            if opts.pipeline_servers
+            else ""
         ),
         f"  servers:  curl -s {url}/v1/servers",
         f"  query:    {curl({'pool': pool, 'fanout': min(4, n)})}",
         *(
             [f"  per cluster: {curl({'pool': 'edge', 'per_cluster': 1}, 'C')}"]
             if opts.edge_agents
+            else []
+        ),
+        *(
+            [f"  pipeline: {curl({'pool': PIPELINE_POOL, 'fanout': 1})}"]
+            if opts.pipeline_servers and pool != PIPELINE_POOL
             else []
         ),
         f"  metrics:  {url}/metrics    API: {url}/openapi.json",

@@ -245,3 +245,70 @@ def _alive(pid: int) -> bool:
     with contextlib.suppress(OSError), open(f"/proc/{pid}/stat") as f:
         return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     return False
+
+
+def test_up_runs_an_onnx_pipeline_pool() -> None:
+    pytest.importorskip("onnxruntime")
+    port = free_port()
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.pop("TAILGATE_CONFIG", None)
+    argv = [sys.executable, "-m", "deploy.cli", "--log-level", "WARNING", "up"]
+    argv += ["--storage-url", "", "--servers", "1", "--edge-agents", "0"]
+    argv += ["--pipeline-servers", "1", "--port", str(port)]
+    proc = subprocess.Popen(
+        argv,
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None
+        banner = ""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and "Ctrl-C" not in banner:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            banner += line
+        assert "1 traffic pipeline server(s)" in banner, banner
+        assert '"pool": "pipeline"' in banner  # the banner's example query
+        status, ans = _post(
+            f"http://127.0.0.1:{port}/v1/queries",
+            {
+                "slo": {"percentile": 99, "latency_ms": 2000},
+                "targets": {"pool": "pipeline", "fanout": 1},
+                "task": {"image_seed": 3},
+            },
+        )
+        assert status == 200, ans
+        (task,) = ans["tasks"]
+        assert task["server"] == "pipe-1"
+        assert task["result"]["pipeline"] == "traffic" and "3" in task["result"]["outputs"]
+        proc.send_signal(signal.SIGINT)
+        proc.wait(20)
+        assert proc.returncode == 0
+    finally:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def test_up_without_onnxruntime_names_the_extra(tmp_path: Path) -> None:
+    hide = tmp_path / "site"
+    hide.mkdir()
+    (hide / "onnxruntime.py").write_text("raise ImportError('hidden for this test')\n")
+    env = dict(os.environ, PYTHONPATH=str(hide))
+    env.pop("TAILGATE_CONFIG", None)
+    argv = [sys.executable, "-m", "deploy.cli", "up", "--pipeline-servers", "1"]
+    done = subprocess.run(
+        argv, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 2
+    assert "pip install -e '.[onnx]'" in done.stderr, done.stderr
