@@ -5,9 +5,10 @@ Run on purpose, not in CI: ``python -m loadtests.bench_stages [--pipeline traffi
 loopback, speak the real wire to each other: the first runs the modules before ``--split``,
 the second the rest. The same sequential requests (one at a time, so no batching or
 queueing mixes in) run through the whole pipeline in one executor and through the two
-stages; the difference of the latencies is the hand-off: the frame encoded into a task
-payload, a loopback round trip over Thrift, the payload parsed by the next stage. The cost
-of encoding and parsing a hand-off payload alone is timed apart.
+stages; the difference of the latencies is the hand-off: the box of the frame the later
+modules read encoded into a task payload, a loopback round trip over Thrift, the payload
+parsed by the next stage. The cost of encoding and parsing a hand-off payload alone is
+timed apart.
 """
 
 from __future__ import annotations
@@ -45,7 +46,9 @@ def _summary(ms: list[float]) -> str:
 
 async def run(pipeline: str, split: str, n: int, providers: str) -> None:
     """Measure whole vs split latency and the hand-off payload's own cost."""
-    base = pipeline_config(pipeline, providers=providers)
+    # One intra-op thread per session everywhere: a stage with fewer modules would otherwise
+    # give each more threads, and the comparison would measure that, not the hand-off.
+    base = dataclasses.replace(pipeline_config(pipeline, providers=providers), intra_op_threads=1)
     ids = [m.id for m in base.modules]
     if split not in ids[1:]:
         raise SystemExit(f"--split: need a module id of {ids[1:]}, got {split!r}")
@@ -87,8 +90,9 @@ async def run(pipeline: str, split: str, n: int, providers: str) -> None:
     extra = statistics.median(two) - statistics.median(one)
     print(f"  hand-off: +{extra:.2f} ms per request at the median")
     print(
-        f"  payload of a {list(frame.shape)} float32 frame: {len(raw) / 1024:.0f} KiB, "
-        f"encode {encode_ms:.2f} ms, parse {parse_ms:.2f} ms"
+        f"  hand-off payload of a {list(frame.shape)} float32 frame "
+        f"({frame.nbytes / 1024:.0f} KiB) entering a region of 50% x 60% of it: "
+        f"{len(raw) / 1024:.0f} KiB, encode {encode_ms:.2f} ms, parse {parse_ms:.2f} ms"
     )
 
 

@@ -18,8 +18,13 @@ Payload (a JSON object; ``b""`` means ``{}``)::
 
 Stages hand requests on in a binary form of the same fields (``handoff_payload``): the magic
 ``TGHO``, a 4-byte big-endian header length, the JSON header (``input`` without ``b64``) and
-then the frame's raw C-order bytes, so a 600 KB frame is neither base64-encoded nor parsed
-as JSON text on its way between stages.
+then raw C-order bytes, so a 600 KB frame is neither base64-encoded nor parsed as JSON text
+on its way between stages. And only the part of the frame the later modules can read
+travels: every later region lies inside the union of the entry regions (a detection
+narrows its input's region, a merge unites its pres'), so the hand-off carries that
+box of pixels (``"frame": {"shape": [C, H, W], "box": [r0, r1, c0, c1]}``) and the next
+stage pastes it into a zero frame of the full shape: its crops read the same pixels, the
+rest is never read.
 
 Neither ``image_seed`` nor ``input``: ``image_seed`` 0. A given frame is fitted to the source
 module's input shape as any module's input is (below), so it need not match it exactly.
@@ -119,7 +124,8 @@ def parse_payload(payload: bytes) -> RequestInput:
             raise BadPayload(f"payload: invalid JSON: {exc}") from exc
     if not isinstance(request, dict):
         raise BadPayload(f"payload: must be a JSON object, got {type(request).__name__}")
-    unknown = set(request) - {"image_seed", "input", "budget_ms", "top_k", "entries"}
+    known = {"image_seed", "input", "budget_ms", "top_k", "entries"}
+    unknown = set(request) - (known | {"frame"} if raw is not None else known)
     if unknown:
         raise BadPayload(f"payload: unknown fields {sorted(unknown)}")
     if "image_seed" in request and "input" in request:
@@ -130,6 +136,8 @@ def parse_payload(payload: bytes) -> RequestInput:
     array = _parse_input(request["input"], raw) if "input" in request else None
     if raw is not None and (array is None or "entries" not in request):
         raise BadPayload("payload: a binary hand-off needs input and entries")
+    if array is not None and "frame" in request:
+        array = _place(array, request["frame"])
     budget = request.get("budget_ms")
     if budget is not None and (
         isinstance(budget, bool)
@@ -174,16 +182,46 @@ def handoff_payload(
     frame: np.ndarray, entries: dict[str, Region], budget_ms: float, top_k: int
 ) -> bytes:
     """The payload that hands a request on to the stage that runs the `entries` modules."""
-    frame = np.ascontiguousarray(frame)
-    header = json.dumps(
-        {
-            "input": {"shape": list(frame.shape), "dtype": str(frame.dtype)},
-            "entries": {m: list(r) for m, r in entries.items()},
-            "budget_ms": budget_ms,
-            "top_k": top_k,
-        }
-    ).encode()
-    return b"".join((HANDOFF_MAGIC, len(header).to_bytes(_HEADER_LEN, "big"), header, frame.data))
+    body: dict[str, Any] = {
+        "entries": {m: list(r) for m, r in entries.items()},
+        "budget_ms": budget_ms,
+        "top_k": top_k,
+    }
+    sent = frame
+    if frame.ndim == 3 and entries:  # (C, H, W): only the box the later crops can read
+        x0, y0, x1, y1 = union_region(list(entries.values()))
+        r0, r1 = _span(y0, y1, frame.shape[1])
+        c0, c1 = _span(x0, x1, frame.shape[2])
+        if (r1 - r0) * (c1 - c0) < frame.shape[1] * frame.shape[2]:
+            sent = frame[:, r0:r1, c0:c1]
+            body["frame"] = {"shape": list(frame.shape), "box": [r0, r1, c0, c1]}
+    sent = np.ascontiguousarray(sent)
+    body["input"] = {"shape": list(sent.shape), "dtype": str(sent.dtype)}
+    header = json.dumps(body).encode()
+    return b"".join((HANDOFF_MAGIC, len(header).to_bytes(_HEADER_LEN, "big"), header, sent.data))
+
+
+def _place(crop: np.ndarray, value: Any) -> np.ndarray:
+    """A hand-off's box of pixels pasted into a zero frame of the full shape."""
+    shape, box = (value.get("shape"), value.get("box")) if isinstance(value, dict) else (0, 0)
+    ints = (list, tuple)
+    if (
+        not isinstance(shape, ints)
+        or not isinstance(box, ints)
+        or len(shape) != 3
+        or len(box) != 4
+        or not all(isinstance(v, int) and not isinstance(v, bool) for v in (*shape, *box))
+    ):
+        raise _field_error("frame", "must be {shape: [C, H, W], box: [r0, r1, c0, c1]}", value)
+    c, h, w = shape
+    r0, r1, c0, c1 = box
+    if not (0 <= r0 < r1 <= h and 0 <= c0 < c1 <= w) or crop.shape != (c, r1 - r0, c1 - c0):
+        raise _field_error("frame", f"box must hold the input of shape {list(crop.shape)}", value)
+    if c * h * w > MAX_INPUT_ELEMENTS:
+        raise _field_error("frame.shape", f"must hold <= {MAX_INPUT_ELEMENTS} values", shape)
+    frame = np.zeros((c, h, w), dtype=crop.dtype)
+    frame[:, r0:r1, c0:c1] = crop
+    return frame
 
 
 def _split_handoff(payload: bytes) -> tuple[Any, memoryview]:

@@ -10,7 +10,14 @@ import numpy as np
 import pytest
 
 from taskserver.pard import ModuleState
-from taskserver.pipeline import BadPayload, ModuleConfig, PipelineConfigError, parse_payload
+from taskserver.pipeline import (
+    FULL_REGION,
+    BadPayload,
+    ModuleConfig,
+    PipelineConfigError,
+    fit_input,
+    parse_payload,
+)
 from taskserver.pipeline.remote import decode_states, encode_states
 from taskserver.pipeline.tensors import handoff_payload
 from tests.unit.test_pipeline_runtime import chain_modules, make_config
@@ -77,12 +84,27 @@ def test_bad_stages_name_the_problem(modules, local, peers, message):
         make_config(modules, local=local, peers=peers)
 
 
-def test_a_hand_off_payload_round_trips_the_frame_and_regions():
-    frame = np.random.default_rng(1).random((3, 6, 5), dtype=np.float32)
-    raw = handoff_payload(frame, {"2": (0.1, 0.2, 0.5, 0.9)}, 123.5, 4)
+def test_a_hand_off_carries_only_the_pixels_later_crops_read():
+    frame = np.random.default_rng(1).random((3, 60, 50), dtype=np.float32)
+    region = (0.1, 0.2, 0.5, 0.9)
+    raw = handoff_payload(frame, {"2": region}, 123.5, 4)
+    assert len(raw) < frame.nbytes * 0.35  # the box is 40% x 70% of the frame
     request = parse_payload(raw)
-    assert request.entries == {"2": (0.1, 0.2, 0.5, 0.9)}
+    assert request.entries == {"2": region}
     assert request.budget_ms == 123.5 and request.top_k == 4
+    got = request.array
+    assert got is not None and got.shape == frame.shape
+    # Every crop of the entry region or a region inside it reads the same pixels.
+    for inner in (region, (0.1, 0.2, 0.2, 0.3), (0.45, 0.85, 0.5, 0.9), (0.3, 0.5, 0.31, 0.51)):
+        for shape in ((3, 16, 16), (1, 7, 9), (3, 48, 192)):
+            want = fit_input(frame, inner, shape, np.dtype(np.float32))
+            assert np.array_equal(fit_input(got, inner, shape, np.dtype(np.float32)), want)
+    assert not got[:, :10].any() and not got[:, :, 26:].any()  # nothing outside the box
+
+
+def test_a_hand_off_of_the_whole_frame_sends_it_all():
+    frame = np.random.default_rng(2).random((3, 6, 5), dtype=np.float32)
+    request = parse_payload(handoff_payload(frame, {"2": FULL_REGION}, 50.0, 3))
     assert request.array is not None and np.array_equal(request.array, frame)
 
 
@@ -115,3 +137,15 @@ def test_module_states_survive_the_wire_and_bad_ones_are_refused():
     bad = json.dumps({"pipeline": "traffic", "states": [{"module_id": "2", "batch_size": 0}]})
     with pytest.raises(ValueError, match="batch_size"):
         decode_states("traffic", bad.encode())
+
+
+def test_a_hand_off_whose_box_does_not_fit_names_the_field():
+    frame = np.zeros((1, 4, 4), np.float32)
+    raw = handoff_payload(frame, {"2": (0.0, 0.0, 0.5, 0.5)}, 10.0, 3)
+    size = int.from_bytes(raw[4:8], "big")
+    header = json.loads(raw[8 : 8 + size])
+    header["frame"]["box"] = [0, 3, 0, 2]  # 3 rows, but 2 were sent
+    bad = json.dumps(header).encode()
+    payload = raw[:4] + len(bad).to_bytes(4, "big") + bad + raw[8 + size :]
+    with pytest.raises(BadPayload, match="payload: frame: box must hold the input"):
+        parse_payload(payload)
