@@ -103,10 +103,11 @@ async def test_module_states_of_the_later_stage_reach_the_first_within_periods(s
 
 async def test_a_doomed_request_is_dropped_by_the_later_stage_and_reported_here(stages):
     tail = await stages("traffic", ("2", "3"), {})
-    head = await stages("traffic", ("1",), {"2": tail.address}, dropper="clipper++")
-    # Clipper++ splits the SLO by d_k: module 1 gets its share, modules 2-3 too little
+    head = await stages("traffic", ("1",), {"2": tail.address}, dropper="none")
+    # The head never drops; module 1 (~5 ms) leaves the tail about 1 ms of the 6, and
+    # PARD there sees that modules 2 and 3 (~6 ms profiled) cannot make it.
     with pytest.raises(TaskDropped, match="dropped by the stage at"):
-        await head.executor.execute(request(image_seed=2, budget_ms=12))
+        await head.executor.execute(request(image_seed=2, budget_ms=6))
     assert head.executor.snapshot()["drops_by_module"] == {"(later stage)": 1}
     tail_drops = tail.executor.snapshot()["drops_by_module"]
     assert sum(tail_drops.values()) == 1 and set(tail_drops) <= {"2", "3"}

@@ -20,6 +20,7 @@ from taskserver.pipeline import (
     BadPayload,
     InferenceFailed,
     ModuleConfig,
+    PardKnobs,
     PipelineClosed,
     PipelineConfig,
     PipelineConfigError,
@@ -87,6 +88,8 @@ def make_config(
 ) -> PipelineConfig:
     modules = tuple(modules)
     profile = {m.id: {b: duration_ms * b for b in m.batch_sizes} for m in modules}
+    # The fakes run far from their profile: keep the paper's d_k, so decisions stay exact.
+    kw.setdefault("pard", PardKnobs(adapt_durations=False))
     return PipelineConfig("test", slo_ms, modules, profile=profile, dropper=dropper, **kw)
 
 
