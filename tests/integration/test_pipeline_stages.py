@@ -95,9 +95,9 @@ async def test_module_states_of_the_later_stage_reach_the_first_within_periods(s
     planner = head.executor.workers["1"].planner
     await until(lambda: planner.state("3").seq >= 0 and planner.state("2").seq >= 0, 10)
     polls = peer.state_polls
-    await asyncio.sleep(1.5)
-    # at most once per period (1 s): a second and a half holds one or two more polls
-    assert 1 <= peer.state_polls - polls <= 2, (polls, peer.state_polls)
+    await asyncio.sleep(2.2)
+    # at most once per period (1 s): 2.2 s hold at most three more polls (two on time)
+    assert 1 <= peer.state_polls - polls <= 3, (polls, peer.state_polls)
     assert peer.state_errors == 0
 
 
