@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,45 @@ from tests.conftest import REPO_ROOT
 from tests.integration.harness import child_pids, free_port
 
 pytestmark = pytest.mark.integration
+
+
+@contextlib.contextmanager
+def running_up(*args: str, port: int) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """`tailgate up ARGS` on `port` (history in memory); yields it and its banner.
+
+    Its own process group, so teardown kills every child whatever the test did.
+    """
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    for name in ("TAILGATE_CONFIG", "TAILGATE_AGENT_TOKEN", "TAILGATE_AGENT_TOKEN_FILE"):
+        env.pop(name, None)
+    argv = [sys.executable, "-m", "deploy.cli", "--log-level", "WARNING", "up"]
+    proc = subprocess.Popen(
+        [*argv, "--storage-url", "", *args, "--port", str(port)],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None
+        banner = ""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and "Ctrl-C" not in banner:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            banner += line
+        yield proc, banner
+    finally:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
 
 
 def _post(url: str, body: dict, headers: dict | None = None) -> tuple[int, dict]:
@@ -38,49 +78,8 @@ def _post(url: str, body: dict, headers: dict | None = None) -> tuple[int, dict]
 
 def test_up_serves_both_pools_and_ctrl_c_stops_everything(tmp_path: Path) -> None:
     port = free_port()
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    for name in ("TAILGATE_CONFIG", "TAILGATE_AGENT_TOKEN", "TAILGATE_AGENT_TOKEN_FILE"):
-        env.pop(name, None)
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "deploy.cli",
-            "--log-level",
-            "WARNING",
-            "up",
-            "--storage-url",
-            "",
-            "--servers",
-            "3",
-            "--edge-agents",
-            "2",
-            "--edge-data",
-            str(tmp_path / "edge"),
-            "--edge-months",
-            "1",
-            "--port",
-            str(port),
-        ],
-        cwd=REPO_ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env,
-        text=True,
-        start_new_session=True,  # its own group, so a failed test can kill every child
-    )
-    try:
-        banner = []
-        deadline = time.monotonic() + 60
-        assert proc.stdout is not None
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            banner.append(line)
-            if "Ctrl-C" in line:
-                break
-        text = "".join(banner)
+    args = ("--servers", "3", "--edge-agents", "2", "--edge-data", str(tmp_path / "edge"))
+    with running_up(*args, "--edge-months", "1", port=port) as (proc, text):
         assert f"http://127.0.0.1:{port}" in text, text
         assert "curl" in text
         assert "edge agent(s) in clusters server-room, wet-lab" in text
@@ -160,14 +159,6 @@ def test_up_serves_both_pools_and_ctrl_c_stops_everything(tmp_path: Path) -> Non
         for pid in children:
             with pytest.raises(ProcessLookupError):
                 os.kill(pid, 0)
-    finally:
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        for stream in (proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
 
 
 def test_edge_servers_fill_the_four_clusters_in_blocks() -> None:
@@ -185,39 +176,7 @@ def test_edge_servers_fill_the_four_clusters_in_blocks() -> None:
 
 
 def test_killed_up_takes_its_task_servers_with_it() -> None:
-    port = free_port()
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env.pop("TAILGATE_CONFIG", None)
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "deploy.cli",
-            "--log-level",
-            "WARNING",
-            "up",
-            "--storage-url",
-            "",
-            "--edge-agents",
-            "0",
-            "--servers",
-            "2",
-            "--port",
-            str(port),
-        ],
-        cwd=REPO_ROOT,
-        stdout=subprocess.PIPE,
-        env=env,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        assert proc.stdout is not None
-        deadline = time.monotonic() + 40
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line or "Ctrl-C" in line:
-                break
+    with running_up("--edge-agents", "0", "--servers", "2", port=free_port()) as (proc, _):
         children = child_pids(proc.pid)
         assert len(children) == 2
         proc.kill()  # no chance to clean up: the servers must notice on their own
@@ -228,12 +187,6 @@ def test_killed_up_takes_its_task_servers_with_it() -> None:
             time.sleep(0.1)
             alive = [p for p in children if _alive(p)]
         assert not alive, f"orphaned task servers: {alive}"
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
 
 
 def _alive(pid: int) -> bool:
@@ -250,29 +203,8 @@ def _alive(pid: int) -> bool:
 def test_up_runs_an_onnx_pipeline_pool() -> None:
     pytest.importorskip("onnxruntime")
     port = free_port()
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env.pop("TAILGATE_CONFIG", None)
-    argv = [sys.executable, "-m", "deploy.cli", "--log-level", "WARNING", "up"]
-    argv += ["--storage-url", "", "--servers", "1", "--edge-agents", "0"]
-    argv += ["--pipeline-servers", "1", "--port", str(port)]
-    proc = subprocess.Popen(
-        argv,
-        cwd=REPO_ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        assert proc.stdout is not None
-        banner = ""
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and "Ctrl-C" not in banner:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            banner += line
+    args = ("--servers", "1", "--edge-agents", "0", "--pipeline-servers", "1")
+    with running_up(*args, port=port) as (proc, banner):
         assert "1 traffic pipeline server(s)" in banner, banner
         assert '"pool": "pipeline"' in banner  # the banner's example query
         status, ans = _post(
@@ -290,14 +222,6 @@ def test_up_runs_an_onnx_pipeline_pool() -> None:
         proc.send_signal(signal.SIGINT)
         proc.wait(20)
         assert proc.returncode == 0
-    finally:
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        for stream in (proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
 
 
 def test_up_without_onnxruntime_names_the_extra(tmp_path: Path) -> None:
