@@ -310,6 +310,9 @@ class GatewayConfig:
     """Seconds between two history samples."""
     history_retention_s: float = 6 * 3600.0
     """History older than this is deleted."""
+    replica: str = ""
+    """This gateway's name in a history store that several replicas share (each reads back
+    only its own samples); "" uses the host name, which a StatefulSet keeps per replica."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

@@ -5,8 +5,11 @@ they stand, counters since start), the pure `HistorySampler` turns that into one
 (rates over the interval, tail latencies of the queries answered in it), and
 `HistoryStore` writes it and deletes what is older than ``history_retention_s``.
 
-Layout: one row per sample, ``gateway_history(id, t, data)``, the sample's figures as
-compact JSON text. Narrow ``(t, series, value)`` rows were the alternative; they lose here
+Layout: one row per sample, ``gateway_history(id, t, replica, data)``, the sample's
+figures as compact JSON text. ``replica`` names the gateway that wrote it, so replicas
+that share one database (PostgreSQL) each read back their own series; a table from
+before that column gets it added on open, its rows under "" (read by every replica).
+Narrow ``(t, series, value)`` rows were the alternative; they lose here
 because the set of series changes as servers come and go, the dashboard always reads
 whole samples over a time range, and one row per sample (4,320 rows for 6 h at 5 s) keeps
 the insert and the retention delete to one indexed statement each. Per-series queries
@@ -29,6 +32,7 @@ import contextlib
 import json
 import logging
 import math
+import socket
 import threading
 import time
 from collections import Counter
@@ -41,13 +45,16 @@ from sqlalchemy import (
     Float,
     Integer,
     MetaData,
+    String,
     Table,
     Text,
     create_engine,
     delete,
     event,
     insert,
+    inspect,
     select,
+    text,
 )
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
@@ -69,6 +76,7 @@ history_table = Table(
     metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("t", Float, nullable=False, index=True),
+    Column("replica", String(128), nullable=False, server_default=""),
     Column("data", Text, nullable=False),
 )
 
@@ -200,8 +208,12 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
 class HistoryStore:
     """Samples by wall-clock time in one table of any SQLAlchemy database; thread-safe."""
 
-    def __init__(self, url: str) -> None:
-        """Open (creating the table if needed) the database at `url`; "" is in memory."""
+    def __init__(self, url: str, replica: str = "") -> None:
+        """Open (creating the table if needed) the database at `url`; "" is in memory.
+
+        `replica` tags what this store writes and filters what it reads.
+        """
+        self.replica = replica
         try:
             parsed = make_url(url or "sqlite://")
         except (ArgumentError, ValueError) as exc:
@@ -225,17 +237,31 @@ class HistoryStore:
         try:
             with _translated(f"history store {self.where}: cannot open"), self._lock:
                 metadata.create_all(self.engine)
+                self._add_replica_column()
         except BaseException:
             self.engine.dispose()
             raise
 
+    def _add_replica_column(self) -> None:
+        """A table written before replicas were told apart gets the column (rows: "")."""
+        columns = {c["name"] for c in inspect(self.engine).get_columns("gateway_history")}
+        if "replica" not in columns:
+            with self.engine.begin() as conn:
+                conn.execute(
+                    text(
+                        "ALTER TABLE gateway_history "
+                        "ADD COLUMN replica VARCHAR(128) NOT NULL DEFAULT ''"
+                    )
+                )
+
     def append(self, sample: dict[str, Any], keep_after: float) -> None:
         """Write one sample (its "t" is the row's time) and delete rows older than keep_after."""
         data = {k: v for k, v in sample.items() if k != "t"}
-        text = json.dumps(data, separators=(",", ":"))
+        blob = json.dumps(data, separators=(",", ":"))
+        row = {"t": float(sample["t"]), "replica": self.replica, "data": blob}
         with _translated(f"history store {self.where}: write failed"), self._lock:
             with self.engine.begin() as conn:
-                conn.execute(insert(history_table).values(t=float(sample["t"]), data=text))
+                conn.execute(insert(history_table).values(**row))
                 conn.execute(delete(history_table).where(history_table.c.t < keep_after))
 
     def since(self, t0: float, limit: int = MAX_SAMPLES) -> list[dict[str, Any]]:
@@ -243,6 +269,7 @@ class HistoryStore:
         query = (
             select(history_table.c.t, history_table.c.data)
             .where(history_table.c.t >= t0)
+            .where(history_table.c.replica.in_((self.replica, "")))
             .order_by(history_table.c.t, history_table.c.id)
         )
         with _translated(f"history store {self.where}: read failed"), self._lock:
@@ -303,6 +330,7 @@ class HistoryRecorder:
         self.url = config.storage_url
         self.interval_s = config.history_interval_s
         self.retention_s = config.history_retention_s
+        self.replica = config.replica or socket.gethostname()
         self.store: HistoryStore | None = None
         self.samples_written = 0
         self.last_error = ""
@@ -319,7 +347,7 @@ class HistoryRecorder:
         if self._task is not None:
             return
         try:
-            self.store = await asyncio.to_thread(HistoryStore, self.url)
+            self.store = await asyncio.to_thread(HistoryStore, self.url, self.replica)
         except HistoryError as exc:
             # The gateway's job is answering queries: it goes on, with history in memory.
             self.last_error = str(exc)

@@ -68,7 +68,7 @@ def postgres() -> Iterator[str]:
 async def test_history_on_postgresql_survives_a_gateway_restart(
     cluster: Cluster, http: aiohttp.ClientSession, postgres: str
 ) -> None:
-    toml = f'[gateway]\nstorage_url = "{postgres}"\nhistory_interval_s = 0.2\n'
+    toml = f'[gateway]\nstorage_url = "{postgres}"\nhistory_interval_s = 0.2\nreplica = "gw-0"\n'
     gw = cluster.gateway(toml)
     await register(http, gw, cluster.taskserver("ts-1"))
     body = {"class": "A", "targets": {"pool": "default", "fanout": 1}}
@@ -82,3 +82,8 @@ async def test_history_on_postgresql_survives_a_gateway_restart(
     after = await history(http, again)
     assert {s["t"] for s in before} <= {s["t"] for s in after}
     assert any(s["qps"].get("A", 0) > 0 for s in after)
+    # A second replica on the same database reads back only its own samples.
+    other = cluster.gateway(toml.replace('"gw-0"', '"gw-1"'))
+    mine = await wait_for_samples(http, other, lambda ss: len(ss) >= 2)
+    assert not {s["t"] for s in mine} & {s["t"] for s in before}
+    assert all(s["qps"].get("A", 0) == 0 for s in mine)  # it answered no queries

@@ -232,3 +232,41 @@ async def test_recorder_falls_back_to_memory_when_the_store_cannot_open(
         assert len(await service.history.since(60.0)) == 1
     finally:
         await service.stop()
+
+
+def test_replicas_sharing_a_store_read_back_their_own_samples(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    a, b = HistoryStore(url, replica="gw-0"), HistoryStore(url, replica="gw-1")
+    try:
+        for i in range(3):
+            a.append({"t": T0 + i, "qps": {"A": 1.0}}, keep_after=0.0)
+            b.append({"t": T0 + i + 0.5, "qps": {"A": 2.0}}, keep_after=0.0)
+        assert [s["qps"]["A"] for s in a.since(0.0)] == [1.0, 1.0, 1.0]
+        assert [s["t"] for s in b.since(0.0)] == [T0 + 0.5, T0 + 1.5, T0 + 2.5]
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_table_from_before_replicas_gets_the_column_and_keeps_its_rows(tmp_path: Path) -> None:
+    db = tmp_path / "old.db"
+    con = sqlite3.connect(db)
+    con.execute(
+        "CREATE TABLE gateway_history "
+        "(id INTEGER PRIMARY KEY, t FLOAT NOT NULL, data TEXT NOT NULL)"
+    )
+    con.execute("INSERT INTO gateway_history (t, data) VALUES (?, ?)", (T0, '{"qps": {"A": 3}}'))
+    con.commit()
+    con.close()
+    store = HistoryStore(f"sqlite:///{db}", replica="gw-0")
+    try:
+        store.append({"t": T0 + 1, "qps": {"A": 4}}, keep_after=0.0)
+        assert [s["qps"]["A"] for s in store.since(0.0)] == [3, 4]  # the old row, then ours
+    finally:
+        store.close()
+    con = sqlite3.connect(db)
+    try:
+        rows = con.execute("SELECT replica FROM gateway_history ORDER BY t").fetchall()
+        assert rows == [("",), ("gw-0",)]
+    finally:
+        con.close()
