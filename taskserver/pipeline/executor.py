@@ -47,7 +47,6 @@ the sinks; ``modules`` every module the request ran on, in visiting order.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import json
 import time
@@ -176,6 +175,7 @@ class PipelineExecutor(Executor):
         self._flights: dict[int, Flight] = {}
         self._ids = itertools.count(1)
         self._tasks: list[asyncio.Task[None]] = []
+        self._handoffs: set[asyncio.Task[None]] = set()  # waiting on later stages
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
         providers_used = list(dict.fromkeys(w.runner.provider for w in self.workers.values()))
@@ -238,10 +238,12 @@ class PipelineExecutor(Executor):
     async def close(self) -> None:
         """Stop the workers, fail what is still in flight, release the model threads."""
         self._closed = True
-        for task in self._tasks:
+        tasks = [*self._tasks, *self._handoffs]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks.clear()
+        self._handoffs.clear()
         for flight in list(self._flights.values()):
             self._fail(flight, PipelineClosed("pipeline executor closed"))
         for worker in self.workers.values():
@@ -320,12 +322,8 @@ class PipelineExecutor(Executor):
         payload = handoff_payload(flight.frame, entries, budget_ms, flight.request.top_k)
         loop = asyncio.get_running_loop()
         task = loop.create_task(self._await_stage(flight, peer, key, payload, budget_ms))
-        self._tasks.append(task)
-        task.add_done_callback(self._forget_task)
-
-    def _forget_task(self, task: asyncio.Task[None]) -> None:
-        with contextlib.suppress(ValueError):
-            self._tasks.remove(task)
+        self._handoffs.add(task)
+        task.add_done_callback(self._handoffs.discard)
 
     async def _await_stage(
         self, flight: Flight, peer: PeerLink, key: str, payload: bytes, budget_ms: float

@@ -274,13 +274,17 @@ class ModuleWorker:
         self._running = future
 
     def _duration_s(self, size: int, target: int) -> float:
-        """d_k of a batch of `size` (a short batch ends sooner), else of its target size."""
+        """d_k (the profile's, times the module's duration scale) of a batch of `size`."""
+        return self._profiled_s(size, target) * self.planner.state(self.id).duration_scale
+
+    def _profiled_s(self, size: int, target: int) -> float:
+        """Profiled d_k of a batch of `size` (a short batch ends sooner), else of its target."""
         if size < target:
             try:
-                return self.planner.duration_s(self.id, max(size, self.module.batch_sizes[0]))
+                return self.planner.profiled_s(self.id, max(size, self.module.batch_sizes[0]))
             except Exception:  # a profile that knows the feasible sizes only
                 pass
-        return self.planner.duration_s(self.id, target)
+        return self.planner.profiled_s(self.id, target)
 
     def _execute(self, flights: list[Flight]) -> tuple[np.ndarray, float, float]:
         """In the module's thread: build the batch's inputs, run the model."""
@@ -348,11 +352,7 @@ class ModuleWorker:
         moves by more than ``_ADAPT_STEP``, and the other modules' planners with the next
         state exchange (``ModuleState.duration_scale``).
         """
-        try:
-            profiled = self.planner.profiled_s(self.id, max(size, self.module.batch_sizes[0]))
-        except Exception:  # a profile that knows the feasible sizes only
-            profiled = self.planner.profiled_s(self.id, target)
-        ratio = min(max(took_s / profiled, _SCALE_MIN), _SCALE_MAX)
+        ratio = min(max(took_s / self._profiled_s(size, target), _SCALE_MIN), _SCALE_MAX)
         self.duration_scale += _ADAPT_WEIGHT * (ratio - self.duration_scale)
         current = self.planner.state(self.id).duration_scale
         if abs(self.duration_scale - current) > _ADAPT_STEP * current:
