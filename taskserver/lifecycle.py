@@ -62,7 +62,8 @@ async def register_forever(
 
 async def _register(url: str, body: dict[str, Any], headers: dict[str, str]) -> None:
     try:
-        status, text = await gateway_call("POST", url, body, headers)
+        # shorter than the drain's wait for it, so none lands after the DELETE
+        status, text = await gateway_call("POST", url, body, headers, timeout_s=LEAVE_MARGIN_S)
     except GatewayUnreachable as exc:
         log.info("gateway %s not reachable yet: %s", url, exc)
     else:
@@ -94,8 +95,9 @@ async def drain_and_leave(
     t0 = time.monotonic()
     service.draining = True  # from here on a new task is REJECTED ("server is draining")
     if registration is not None:
-        with contextlib.suppress(TimeoutError, asyncio.CancelledError):
-            await asyncio.wait_for(registration, LEAVE_MARGIN_S)
+        # only a timeout is swallowed: a second signal (cancellation) still cuts the drain
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(registration, LEAVE_MARGIN_S + 0.5)
     leaving = [
         asyncio.create_task(_deregister(url, config)) for url in gateway_urls(config.gateway_url)
     ]
@@ -113,7 +115,6 @@ async def drain_and_leave(
         # Connected until the gateways let go: a task a gateway still sends (one it held in
         # its own queue) is answered REJECTED instead of being lost with the connection.
         await asyncio.wait(leaving, timeout=LEAVE_MARGIN_S)
-    await service.close()
 
 
 async def _deregister(url: str, config: TaskServerConfig) -> None:

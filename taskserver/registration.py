@@ -9,6 +9,7 @@ in memory (aiohttp alone is about 10 MiB of resident memory).
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import urllib.error
 import urllib.request
@@ -52,8 +53,9 @@ def _call(
             return resp.status, resp.read().decode("utf-8", "replace")
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode("utf-8", "replace")
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise GatewayUnreachable(str(getattr(exc, "reason", exc))) from exc
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
+        # HTTPException: something answered, but not HTTP (e.g. a Thrift port)
+        raise GatewayUnreachable(str(getattr(exc, "reason", exc)) or repr(exc)) from exc
 
 
 async def gateway_call(

@@ -23,8 +23,8 @@ refresh.
 
 Serving: the executor queues and batches on its own, so the task server must hand it many
 requests at once (``slots`` well above the largest batch size); with one slot every batch
-would hold one request. A payload's ``budget_ms`` is the budget left when execute() is
-called; time the task already spent in the task server's own queue is not taken off here.
+would hold one request. A request's budget is the smaller of the payload's ``budget_ms``
+and the one the task server passes (the SLO left after the task's wait in its queue).
 
 Metrics: one PardMetrics per executor (goodput, drop rate, invalid rate, §5.1). A cancelled
 request and one whose batch failed end there as drops at the pseudo-modules CANCELLED and
@@ -49,6 +49,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import secrets
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -128,6 +129,9 @@ class PipelineExecutor(Executor):
         graph = config.graph()
         knobs = config.pard
         first_sizes = {m.id: m.batch_sizes[0] for m in config.modules}
+        # One incarnation per executor: states from a restarted stage (seq from 0 again)
+        # replace what its predecessor published instead of being taken for old ones.
+        incarnation = secrets.randbits(31)
         self.workers: dict[str, ModuleWorker] = {}
         self._downstream: dict[str, set[str]] = {}
         for m in local:
@@ -139,6 +143,7 @@ class PipelineExecutor(Executor):
                 wait_quantile=knobs.wait_quantile,
                 wait_samples=knobs.wait_samples,
                 batch_sizes=first_sizes,
+                incarnation=incarnation,
                 seed=knobs.seed,
             )
             try:
@@ -186,8 +191,9 @@ class PipelineExecutor(Executor):
     async def execute(self, payload: bytes, *, budget_ms: float | None = None) -> bytes:
         """Run one request end to end; PipelineDropped when the policy drops it.
 
-        The budget is the payload's `budget_ms`, else the task server's (what is left of
-        the query's end-to-end SLO when the task starts), else the pipeline's SLO.
+        The budget is the smaller of the payload's `budget_ms` and the task server's (what
+        is left of the query's end-to-end SLO when the task starts, so time queued there
+        counts), whichever are given, else the pipeline's SLO.
         """
         if self._closed:
             raise PipelineClosed("pipeline executor is closed")
@@ -205,10 +211,8 @@ class PipelineExecutor(Executor):
             )
         loop = self._start()
         now = self.clock()
-        if request.budget_ms is not None:
-            budget_ms = request.budget_ms
-        elif budget_ms is None:
-            budget_ms = self.config.slo_ms
+        given = [b for b in (request.budget_ms, budget_ms) if b is not None]
+        budget_ms = min(given) if given else self.config.slo_ms
         flight = Flight(
             request_id=next(self._ids),
             request=request,

@@ -155,9 +155,16 @@ class PeerLink:
 
     async def run(self, key: str, payload: bytes, budget_ms: float) -> PeerResult:
         """Hand one request on and wait for the next stage's answer."""
-        conn = await self._connected()
+        # Pending before connecting, so a cancel() while the connection opens is not lost.
         fut: asyncio.Future[PeerResult] = asyncio.get_running_loop().create_future()
         self._pending[key] = fut
+        try:
+            conn = await self._connected()
+        except PeerUnavailable:
+            self._pending.pop(key, None)
+            raise
+        if fut.done():  # cancelled meanwhile: nothing to send
+            return fut.result()
         task = self._t.Task(
             query_id=key,
             task_index=0,

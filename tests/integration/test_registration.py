@@ -270,3 +270,22 @@ async def test_labelled_server_with_token_comes_back_after_a_gateway_restart(
     )
     assert status == 200, ans
     assert ans["tasks"][0]["server"] == "pi-9"
+
+
+async def test_a_listener_that_does_not_speak_http_is_unreachable_not_a_crash() -> None:
+    from taskserver.registration import GatewayUnreachable, gateway_call
+
+    async def not_http(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(100)
+        writer.write(b"\x00\x00\x00\x05thrift\r\n\r\n")  # e.g. a Thrift port given as gateway
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(not_http, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        with pytest.raises(GatewayUnreachable):
+            await gateway_call("POST", f"http://127.0.0.1:{port}/v1/servers", {}, timeout_s=5)
+    finally:
+        server.close()
+        await server.wait_closed()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 from pathlib import Path
@@ -15,10 +16,11 @@ from taskserver.pipeline import (
     BadPayload,
     ModuleConfig,
     PipelineConfigError,
+    PipelineExecutor,
     fit_input,
     parse_payload,
 )
-from taskserver.pipeline.remote import decode_states, encode_states
+from taskserver.pipeline.remote import PeerLink, decode_states, encode_states
 from taskserver.pipeline.tensors import handoff_payload
 from tests.unit.test_pipeline_runtime import chain_modules, make_config
 
@@ -149,3 +151,47 @@ def test_a_hand_off_whose_box_does_not_fit_names_the_field():
     payload = raw[:4] + len(bad).to_bytes(4, "big") + bad + raw[8 + size :]
     with pytest.raises(BadPayload, match="payload: frame: box must hold the input"):
         parse_payload(payload)
+
+
+async def test_a_hand_off_cancelled_while_connecting_is_never_sent():
+    link = PeerLink("127.0.0.1:9", "traffic", lambda states: None)
+    opened = asyncio.Event()
+    sent: list[object] = []
+
+    class Conn:
+        closed = False
+
+        def send_item(self, item: object) -> None:
+            sent.append(item)
+
+    async def slow_connect() -> Conn:
+        opened.set()
+        await asyncio.sleep(0.05)
+        return Conn()
+
+    link._connected = slow_connect  # type: ignore[method-assign]
+    key = link.new_key()
+    run = asyncio.create_task(link.run(key, b"{}", 100.0))
+    await opened.wait()
+    link.cancel(key)
+    answer = await run
+    assert answer.status == "cancelled" and sent == [] and link.outstanding == 0
+
+
+def test_each_executor_is_a_new_incarnation_so_a_restarted_stage_is_heard():
+    from tests.unit.test_pipeline_runtime import FakeRunner
+
+    config = make_config(chain_modules(2))
+    runners = {m: FakeRunner() for m in "12"}
+    first, restarted = (
+        PipelineExecutor(config, runners=runners),
+        PipelineExecutor(config, runners=runners),
+    )
+    old = first.workers["2"].planner.snapshot(0.0)
+    for _ in range(5):  # the old process had published a few times
+        old = first.workers["2"].planner.snapshot(0.0)
+    new = restarted.workers["2"].planner.snapshot(0.0)  # seq 0 again
+    upstream = PipelineExecutor(config, runners=runners).workers["1"].planner
+    assert upstream.merge(old)
+    assert upstream.merge(new)  # taken although its seq is lower
+    assert upstream.state("2").incarnation == new.incarnation

@@ -448,3 +448,13 @@ async def test_a_module_slower_than_its_profile_stretches_its_d_k(executors, ada
         assert scale == 1.0
     assert ex.snapshot()["modules"]["1"]["duration_scale"] == round(scale, 3)
     assert ex.snapshot()["modules"]["1"]["exec_vs_profile"] > 3  # always against the profile
+
+
+async def test_the_budget_is_the_smaller_of_the_payloads_and_the_task_servers(executors):
+    ex = executors(make_config(chain_modules(2)), {m: FakeRunner() for m in "12"})
+    # the task server passes what is left after the task's wait in its queue
+    late = json.loads(await ex.execute(payload(image_seed=1, budget_ms=5000), budget_ms=3000.0))
+    assert late["budget_ms"] == 3000.0
+    early = json.loads(await ex.execute(payload(image_seed=1, budget_ms=800), budget_ms=3000.0))
+    assert early["budget_ms"] == 800.0
+    assert json.loads(await ex.execute(payload(image_seed=1)))["budget_ms"] == 1000.0  # the SLO
