@@ -33,6 +33,7 @@ from taskserver.wire import (
     ConnectionClosed,
     ThriftConnection,
     server_body_types,
+    status_names,
     thrift,
 )
 
@@ -42,8 +43,6 @@ if TYPE_CHECKING:  # prometheus_client only loads when metrics are served
     from taskserver.metrics import TaskServerMetrics
 
 log = logging.getLogger(__name__)
-
-_STATUS_NAMES = {0: "ok", 1: "failed", 2: "cancelled", 3: "rejected", 4: "dropped"}
 
 
 @dataclass(slots=True)
@@ -250,7 +249,7 @@ class TaskService:
             error,
         )
         if self.metrics is not None:
-            self.metrics.task_done(_STATUS_NAMES[status])
+            self.metrics.task_done(status_names()[status])
         if conn.closed:
             return  # the gateway went away; nobody is waiting for this result
         with contextlib.suppress(ConnectionClosed):

@@ -63,6 +63,12 @@ def thrift() -> ModuleType:
     return thriftpy2.load(str(IDL_PATH), module_name="tailgate_thrift")
 
 
+@cache
+def status_names() -> dict[int, str]:
+    """TaskStatus values -> their lower-case names ("ok", "failed", ...), from the IDL."""
+    return {v: n.lower() for v, n in thrift().TaskStatus._VALUES_TO_NAMES.items()}
+
+
 def encode_message(name: str, mtype: int, seqid: int, body: Any, size_hint: int = 0) -> bytes:
     """Encode one framed Thrift message (4-byte length + binary message).
 

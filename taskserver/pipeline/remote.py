@@ -43,6 +43,7 @@ from taskserver.wire import (
     ThriftConnection,
     WireError,
     gateway_body_types,
+    status_names,
     thrift,
 )
 
@@ -57,7 +58,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 2.0
-_STATUS = {0: "ok", 1: "failed", 2: "cancelled", 3: "rejected", 4: "dropped"}
 
 
 class PeerUnavailable(ExecutorError):
@@ -257,7 +257,8 @@ class PeerLink:
     def _resolve(self, r: Any) -> None:
         fut = self._pending.get(r.query_id)
         if fut is not None and not fut.done():
-            fut.set_result(PeerResult(_STATUS.get(r.status, "failed"), r.result, r.error or ""))
+            status = status_names().get(r.status, "failed")
+            fut.set_result(PeerResult(status, r.result, r.error or ""))
 
     def _on_lost(self, exc: Exception | None) -> None:
         self.last_error = f"connection lost: {exc}" if exc else "connection closed by the stage"
