@@ -108,9 +108,18 @@ def _exit_with_parent() -> None:
 
 def cmd_taskserver(args: argparse.Namespace) -> int:
     """Run one task server."""
+    from taskserver.config import TaskServerConfig
     from taskserver.server import serve
     from taskserver.service_time import make_distribution
 
+    if not args.pipeline:
+        stray = _pipeline_only_options(args)
+        if stray:
+            print(
+                f"tailgate taskserver: {', '.join(stray)} only apply with --pipeline",
+                file=sys.stderr,
+            )
+            return 2
     cfg = _load(args).taskserver
     changes: dict[str, Any] = {}
     for name, attr in (
@@ -145,8 +154,10 @@ def cmd_taskserver(args: argparse.Namespace) -> int:
         except (ValueError, OSError, ImportError) as exc:
             print(f"tailgate taskserver: {exc}", file=sys.stderr)
             return 2
-        if args.slots is None:
-            # A pipeline batches across tasks: it needs many tasks in flight at once.
+        if args.slots is None and cfg.slots == TaskServerConfig().slots:
+            # A pipeline batches across tasks: it needs many tasks in flight at once. Slots
+            # from --slots or [taskserver] win (a configured value equal to the default
+            # cannot be told apart from none).
             cfg = dataclasses.replace(cfg, slots=PIPELINE_SLOTS)
     if args.exit_with_parent:
         _exit_with_parent()
@@ -182,6 +193,18 @@ def up_edge_agents(given: int | None, cfg: Any) -> int:
 
 PIPELINE_SLOTS = 256
 """Default slots of a pipeline task server (well above the largest batch size)."""
+
+
+def _pipeline_only_options(args: argparse.Namespace) -> list[str]:
+    """The pipeline options given other than at their defaults (they need --pipeline)."""
+    defaults = (
+        ("--profile", "profile", None),
+        ("--dropper", "dropper", "pard"),
+        ("--providers", "providers", "auto"),
+        ("--modules", "modules", None),
+        ("--peer", "peer", None),
+    )
+    return [flag for flag, attr, default in defaults if getattr(args, attr) != default]
 
 
 def _pipeline_executor(args: argparse.Namespace) -> Any:

@@ -71,13 +71,19 @@ class TailgateConfig:
 
 
 def _without_password(url: str) -> str:
-    """`url` with the password of its user-info part replaced (scheme://user:***@host/...)."""
-    scheme, sep, rest = url.partition("://")
-    userinfo, at, host = rest.rpartition("@")
-    if not sep or not at or ":" not in userinfo:
-        return url
-    user = userinfo.split(":", 1)[0]
-    return f"{scheme}://{user}:{REDACTED}@{host}"
+    """`url` with its password, and a `password` query parameter, hidden (user:***@host)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except (ArgumentError, ValueError, TypeError):
+        return url  # not a URL SQLAlchemy reads: nothing it would send as a password
+    if parsed.password is None and "password" not in parsed.query:
+        return url  # rendering would re-quote the query; keep it as written
+    if "password" in parsed.query:
+        parsed = parsed.update_query_dict({"password": "***"})
+    return parsed.render_as_string(hide_password=True)
 
 
 def _describe(value: Any) -> str:

@@ -9,7 +9,9 @@ SLO or not: the gateway's ``met_slo``), ``rejected`` (503: admission control, a 
 cluster down, a server's full queue), ``dropped`` (503 ``task_dropped``: a pipeline shed
 it), ``timeout`` (504) and ``failed`` (anything else). A class meets its SLO when the
 share of its judged queries (met, missed, timeout, failed) that met it reaches the
-class's percentile; rejected and dropped queries are reported beside it, not judged.
+class's percentile; rejected and dropped queries are reported beside it, not judged. A
+class with fewer than 100/(100 - p) judged queries (100 for p99) is left undecided: so
+few queries allow no miss at all, and one slow query would decide the verdict.
 """
 
 from __future__ import annotations
@@ -117,9 +119,18 @@ class ClassTally:
         return self.counts.get("met", 0) / self.judged if self.judged else math.nan
 
     @property
+    def min_judged(self) -> int | None:
+        """Judged queries needed before a verdict (None: no target)."""
+        if self.percentile is None:
+            return None
+        # Fewer than 100/(100-p) queries allow no miss at all: one slow query would decide.
+        return math.ceil(100.0 / (100.0 - self.percentile) - 1e-9)
+
+    @property
     def meets(self) -> bool | None:
-        """Whether the class met its SLO (None: no target or nothing judged)."""
-        if self.percentile is None or not self.judged:
+        """Whether the class met its SLO (None: no target, or too few judged to tell)."""
+        needed = self.min_judged
+        if needed is None or self.judged < needed:
             return None
         return self.met_share >= self.percentile / 100.0 - 1e-12
 
@@ -137,6 +148,8 @@ def format_summary(tallies: Mapping[str, ClassTally]) -> str:
         )
         share = "n/a" if math.isnan(t.met_share) else f"{t.met_share:.2%}"
         verdict = {True: "MEETS its SLO", False: "MISSES its SLO", None: "not judged"}[t.meets]
+        if t.meets is None and t.judged and t.min_judged is not None:
+            verdict = f"not judged (fewer than {t.min_judged} judged queries)"
         p = (
             f", p{t.percentile:g} {t.latency_p_ms:.1f} ms"
             if t.latency_p_ms is not None and t.percentile is not None

@@ -117,7 +117,14 @@ def test_closed_loop_fanout_and_saas_mixes_report_per_class_slo_outcomes(
     with open(f"{out}_failures.csv", newline="") as f:
         assert list(csv.DictReader(f)) == []
     assert "Per-class SLO summary" in run.stdout
-    assert "class A:" in run.stdout and "MEETS its SLO" in run.stdout
+    # --check-slo judges a class only on enough queries (100 at p99): class A gets hundreds
+    # here, so it is decided; the rarer classes may stay "not judged" and cannot fail the run.
+    verdicts = {
+        line.split(":")[0].strip(): line
+        for line in run.stdout.splitlines()
+        if line.startswith("  class ")
+    }
+    assert verdicts["class A"].endswith("MEETS its SLO"), run.stdout[-3000:]
 
 
 def test_open_loop_arrivals_keep_their_rate(gateway_url: str, tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 
 from edge_agent.sensing import decode_series
-from tests.integration.conftest import Cluster, query
+from tests.integration.conftest import Cluster, query, wait_until
 from tests.integration.harness import REPO_ROOT, Proc, free_port, start_cli
 
 pytestmark = pytest.mark.integration
@@ -160,7 +160,9 @@ async def test_a_killed_agent_is_marked_down_and_its_queries_fail_fast(
     # Ten queries for one agent: the gateway holds them in that agent's queue and sends one
     # at a time, so most are still waiting when it dies.
     pending = [asyncio.create_task(query(http, gw, body)) for _ in range(10)]
-    await asyncio.sleep(0.05)
+    # All ten at the gateway before the kill (one arriving after it would find no server up).
+    # `outstanding` counts the queued tasks too; `results` the few a fast draw already ended.
+    await wait_until(lambda s: s["outstanding"] + s["results"] >= 10, http, gw, "pi-0")
     t0 = time.monotonic()
     agent.kill()
     answers = await asyncio.gather(*pending)

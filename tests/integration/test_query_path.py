@@ -254,7 +254,8 @@ async def test_a_timeout_beside_finished_siblings_still_answers_json(
             },
         )
     )
-    await asyncio.sleep(0.1)
+    # Sent to ts-2 first on the same connection, so it holds the slot before the next one.
+    await wait_until(lambda s: s["outstanding"] >= 1, http, gw, "ts-2")
     status, body, _ = await query(
         http,
         gw,

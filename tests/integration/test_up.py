@@ -76,6 +76,19 @@ def _post(url: str, body: dict, headers: dict | None = None) -> tuple[int, dict]
         return e.code, json.loads(e.read())
 
 
+def _until_in_flight(base: str, pool: str, timeout_s: float = 10.0) -> None:
+    """Poll GET /v1/servers until some server of `pool` holds a task."""
+    deadline = time.monotonic() + timeout_s
+    servers: list[dict] = []
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(base + "/v1/servers", timeout=30) as r:
+            servers = json.loads(r.read())["servers"]
+        if any(s["pool"] == pool and s["outstanding"] >= 1 for s in servers):
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"no server of pool {pool} ever held a task; last view {servers}")
+
+
 def test_up_serves_both_pools_and_ctrl_c_stops_everything(tmp_path: Path) -> None:
     port = free_port()
     args = ("--servers", "3", "--edge-agents", "2", "--edge-data", str(tmp_path / "edge"))
@@ -149,7 +162,7 @@ def test_up_serves_both_pools_and_ctrl_c_stops_everything(tmp_path: Path) -> Non
         }
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             in_flight = pool.submit(_post, url, slow)
-            time.sleep(0.3)
+            _until_in_flight(base, "default")  # the gateway holds it: the drain must answer it
             proc.send_signal(signal.SIGINT)
             assert in_flight.result(timeout=15)[0] == 200
         proc.wait(15)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -264,9 +266,71 @@ def test_printing_the_config_hides_the_stores_password(tmp_path: Path) -> None:
     cfg = load_config(f, env={})
     assert cfg.gateway.storage_url.endswith("tg:s3cret@db:5432/tailgate")  # used as given
     shown = cfg.redacted().gateway.storage_url
-    assert shown == "postgresql+psycopg://tg:<redacted>@db:5432/tailgate"
+    assert shown == "postgresql+psycopg://tg:***@db:5432/tailgate"
     plain = GatewayConfig(storage_url="sqlite:///tailgate-gateway.db")
     assert TailgateConfig(gateway=plain).redacted().gateway.storage_url == plain.storage_url
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        # An @ in the query is not the user-info's end: nothing to hide, kept as written.
+        ("postgresql+psycopg://db/tailgate?application_name=a@b", None),
+        (
+            "postgresql+psycopg://tg:s3cret@db/tailgate?application_name=a@b",
+            "postgresql+psycopg://tg:***@db/tailgate?application_name=a%40b",
+        ),
+        (
+            "postgresql+psycopg://tg@db/tailgate?password=s3cret&sslmode=require",
+            "postgresql+psycopg://tg@db/tailgate?password=%2A%2A%2A&sslmode=require",
+        ),
+        ("", None),
+    ],
+)
+def test_the_stores_password_is_hidden_wherever_the_url_puts_it(
+    url: str, shown: str | None
+) -> None:
+    cfg = TailgateConfig(gateway=GatewayConfig(storage_url=url))
+    got = cfg.redacted().gateway.storage_url
+    assert got == (url if shown is None else shown)
+    assert "s3cret" not in got
+
+
+def test_pipeline_options_without_pipeline_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    from deploy.cli import main
+
+    assert main(["taskserver", "--dropper", "none", "--peer", "2=127.0.0.1:9102"]) == 2
+    err = capsys.readouterr().err
+    assert "--dropper, --peer only apply with --pipeline" in err
+
+
+@pytest.mark.parametrize(
+    ("toml", "flags", "slots"),
+    [
+        ("", [], 256),  # nothing given: a pipeline needs many tasks at once
+        ("[taskserver]\nslots = 4\n", [], 4),  # the configured slots win
+        ("[taskserver]\nslots = 4\n", ["--slots", "8"], 8),  # and --slots over both
+    ],
+)
+def test_a_pipeline_task_servers_slots(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, toml: str, flags: list[str], slots: int
+) -> None:
+    import deploy.cli
+    import taskserver.server
+
+    served = []
+
+    async def fake_serve(cfg: Any, **_kw: Any) -> None:  # records the config it would serve
+        served.append(cfg)
+
+    monkeypatch.setattr(taskserver.server, "serve", fake_serve)
+    monkeypatch.setattr(deploy.cli, "_pipeline_executor", lambda args: object())
+    monkeypatch.setattr(deploy.cli, "run_async", lambda main, stop=None: asyncio.run(main))
+    f = tmp_path / "t.toml"
+    f.write_text(toml)
+    argv = ["--config", str(f), "taskserver", "--pipeline", "traffic", *flags]
+    assert deploy.cli.main(argv) == 0
+    assert [c.slots for c in served] == [slots]
 
 
 def test_up_starts_four_edge_agents_by_default_when_there_is_an_edge_pool(tmp_path: Path) -> None:

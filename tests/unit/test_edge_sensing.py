@@ -170,8 +170,9 @@ async def test_profile_pads_the_query_to_the_drawn_service_time(store: SensorSto
         t0 = time.perf_counter()
         await run(executor, op="latest", sensor="humidity")
         durations.append(time.perf_counter() - t0)
+    # Only the lower bound: padding guarantees it, while an upper bound on wall-clock time
+    # fails whenever a loaded machine runs the event loop late.
     assert min(durations) >= profile.quantile_ms(0.0) / 1000 * 0.95
-    assert max(durations) < profile.quantile_ms(1.0) / 1000 + 0.05
 
 
 def test_parse_time_forms() -> None:

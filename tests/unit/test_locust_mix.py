@@ -54,3 +54,18 @@ def test_a_class_meets_its_slo_when_the_met_share_reaches_its_percentile() -> No
     assert lines[1].startswith("  class A: met 99, missed 1, rejected 50; met 99.00%")
     assert "target p99 <= 100 ms" in lines[1] and lines[1].endswith("MEETS its SLO")
     assert lines[2].endswith("MISSES its SLO")
+
+
+def test_too_few_judged_queries_leave_a_class_undecided() -> None:
+    # p99 allows one miss in 100: below 100 judged queries, one slow query would decide.
+    few = ClassTally("A", {"met": 98, "missed": 1}, percentile=99.0, slo_ms=100.0)
+    assert few.min_judged == 100 and few.meets is None
+    assert ClassTally("A", {"met": 99}, percentile=99.0).meets is None
+    assert ClassTally("A", {"met": 99, "timeout": 1}, percentile=99.0).meets is True
+    assert ClassTally("A", {"met": 98, "failed": 2}, percentile=99.0).meets is False
+    # p95: 20 queries.
+    assert ClassTally("C", {"met": 18, "missed": 1}, percentile=95.0).meets is None
+    assert ClassTally("C", {"met": 19, "missed": 1}, percentile=95.0).meets is True
+    assert ClassTally("C", {"met": 18, "missed": 2}, percentile=95.0).meets is False
+    line = format_summary({"A": few}).splitlines()[1]
+    assert line.endswith("not judged (fewer than 100 judged queries)")
