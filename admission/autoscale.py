@@ -8,10 +8,10 @@ decision drives horizontal scaling (replicas) and vertical scaling (`vertical_st
 
 Beyond the paper: cooldowns (the miss-ratio window still holds pre-scaling tasks right after
 a change), clamps to [min_replicas, max_replicas], a bounded decision history, and flap
-damping: when a step down has to be undone by a step up before the down cooldown has passed
-again, the thresholds straddle the load (one step down pushes the ratio over R_sth^U), so the
-down cooldown doubles (`flap_backoff`, up to `max_down_cooldown_s`); a step down that holds
-for a whole cooldown resets it.
+damping: when a step down has to be undone by a step up before `down_cooldown_s` has passed,
+the thresholds straddle the load (one step down pushes the ratio over R_sth^U), so the
+down cooldown in force doubles (`flap_backoff`, up to `max_down_cooldown_s`); a step down that
+holds for at least `down_cooldown_s` (undone later, or followed by another step down) resets it.
 
 Errors::
 
@@ -99,9 +99,14 @@ class ThresholdAutoscaler:
         self.up_cooldown_s = up_cooldown_s
         self.down_cooldown_s = down_cooldown_s
         self.flap_backoff = flap_backoff
-        self.max_down_cooldown_s = (
-            8 * down_cooldown_s if max_down_cooldown_s is None else max_down_cooldown_s
-        )
+        if max_down_cooldown_s is None:
+            max_down_cooldown_s = 8 * down_cooldown_s
+        elif not (max_down_cooldown_s >= down_cooldown_s and math.isfinite(max_down_cooldown_s)):
+            raise PolicyValueError(
+                f"autoscale max_down_cooldown_s: must be >= down_cooldown_s "
+                f"({down_cooldown_s!r}), got {max_down_cooldown_s!r}"
+            )
+        self.max_down_cooldown_s = max_down_cooldown_s
         self.effective_down_cooldown_s = down_cooldown_s
         """The down cooldown now in force (grows while the scaling flaps)."""
         self.last_up_s: float | None = None
@@ -113,14 +118,17 @@ class ThresholdAutoscaler:
         """One scaling step for the current miss ratio and replica count."""
         decision = self._decide(miss_ratio, replicas, now)
         if decision.delta > 0:
-            flapped = (
-                self.last_down_s is not None
-                and now - self.last_down_s < self.effective_down_cooldown_s
+            undoes_down = self.last_down_s is not None and (
+                self.last_up_s is None or self.last_up_s < self.last_down_s
             )
-            if flapped:
-                self.effective_down_cooldown_s = min(
-                    self.max_down_cooldown_s, self.effective_down_cooldown_s * self.flap_backoff
-                )
+            if undoes_down:
+                assert self.last_down_s is not None
+                if now - self.last_down_s < self.down_cooldown_s:  # flapped
+                    self.effective_down_cooldown_s = min(
+                        self.max_down_cooldown_s, self.effective_down_cooldown_s * self.flap_backoff
+                    )
+                else:  # the step down held: the load moved, not the thresholds
+                    self.effective_down_cooldown_s = self.down_cooldown_s
             self.last_up_s = now
         elif decision.delta < 0:
             held = self.last_down_s is not None and (

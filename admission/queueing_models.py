@@ -31,12 +31,18 @@ def erlang_c(n: int, offered: float) -> float:
     return n * b / (n - offered * (1.0 - b))
 
 
-def central_waiting_cdf(w_ms: float, n: int, rate_per_ms: float, mean_ms: float) -> float:
-    """P(W <= w) for the queueing delay of a central FIFO queue over n backends."""
+def central_waiting_cdf(
+    w_ms: float, n: int, rate_per_ms: float, mean_ms: float, wait_prob: float | None = None
+) -> float:
+    """P(W <= w) for the queueing delay of a central FIFO queue over n backends.
+
+    `wait_prob` is erlang_c(n, rate_per_ms * mean_ms) when the caller already has it: it
+    costs O(n), and a convolution asks for many w at the same n.
+    """
     if w_ms < 0:
         return 0.0
     offered = rate_per_ms * mean_ms
     if offered >= n:
         return 0.0
-    c = erlang_c(n, offered)
+    c = erlang_c(n, offered) if wait_prob is None else wait_prob
     return 1.0 - c * math.exp(-(n / mean_ms - rate_per_ms) * w_ms)

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 from admission.autoscale import ScaleDecision
 from admission.controller import PolicyValueError
-from admission.queueing_models import central_waiting_cdf
+from admission.queueing_models import central_waiting_cdf, erlang_c
 
 DISPATCHES = ("retry", "central")
 """Waiting-time models: Swayam's random dispatch with retries, or a central FIFO queue."""
@@ -182,8 +182,10 @@ def _central_response_cdf(
     """
     hold_ms = math.fsum(service_ms) / len(service_ms) + send_ms + reply_ms
     rate_per_ms = rate_per_s * burst / 1000.0
+    c = erlang_c(n, rate_per_ms * hold_ms)  # once per n, not once per service sample
     return math.fsum(
-        central_waiting_cdf(x - send_ms - s - reply_ms, n, rate_per_ms, hold_ms) for s in service_ms
+        central_waiting_cdf(x - send_ms - s - reply_ms, n, rate_per_ms, hold_ms, c)
+        for s in service_ms
     ) / len(service_ms)
 
 

@@ -53,6 +53,7 @@ class AutoscalerLoop:
             )
         else:
             cls = min(service.config.classes, key=lambda c: c.latency_ms)
+            pool = next((p for p in service.config.pools if p.name == config.pool), None)
             self.policy = SwayamPolicy(
                 setup_s=config.setup_s,
                 burst=config.burst,
@@ -60,6 +61,9 @@ class AutoscalerLoop:
                 target_ms=cls.latency_ms,
                 min_backends=config.min_replicas,
                 max_backends=config.max_replicas,
+                # The gateway's queue hands a task to the first free server (M/M/n), where
+                # server queueing is Swayam's random dispatch with retries.
+                dispatch="central" if pool is not None and pool.queueing == "central" else "retry",
             )
         self.tasks_seen = 0
         self.last_error = ""

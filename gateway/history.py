@@ -31,7 +31,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
 import socket
 import threading
 import time
@@ -59,6 +58,8 @@ from sqlalchemy import (
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.pool import StaticPool
+
+from gateway.overload import nearest_rank
 
 if TYPE_CHECKING:
     from gateway.service import GatewayService
@@ -112,12 +113,6 @@ class Figures:
     """Autoscaled pool -> servers now."""
 
 
-def percentile(values: list[float], p: float) -> float:
-    """Nearest-rank p-th percentile (p in (0, 100]) of a non-empty list."""
-    xs = sorted(values)
-    return xs[min(len(xs) - 1, max(0, math.ceil(p / 100.0 * len(xs)) - 1))]
-
-
 class HistorySampler:
     """Turns cumulative figures into compact samples: rates and tails over each interval."""
 
@@ -146,9 +141,9 @@ class HistorySampler:
         p99_ms: dict[str, float] = {}
         for cls, unsorted in sorted(f.latencies_ms.items()):
             if unsorted:
-                xs = sorted(unsorted)  # once: sorting a sorted list again is linear
-                tail_ms[cls] = round(percentile(xs, f.percentiles.get(cls, 99.0)), 3)
-                p99_ms[cls] = round(percentile(xs, 99.0), 3)
+                xs = sorted(unsorted)  # once per class; both percentiles read it
+                tail_ms[cls] = round(nearest_rank(xs, f.percentiles.get(cls, 99.0)), 3)
+                p99_ms[cls] = round(nearest_rank(xs, 99.0), 3)
         pools: Counter[str] = Counter()
         for pool, depth in f.queue.values():
             pools[pool] += depth
@@ -309,7 +304,7 @@ def read_figures(service: GatewayService) -> Figures:
         queries=queries,
         deferred=dict(service.guard.controller.deferred),
         queue={lk.server_id: (lk.pool, len(lk.outstanding)) for lk in links},
-        servers=dict(Counter("draining" if lk.draining else lk.state for lk in links)),
+        servers=dict(Counter(lk.display_state for lk in links)),
         replicas=(
             {}
             if service.autoscaler is None
@@ -358,14 +353,22 @@ class HistoryRecorder:
 
     async def stop(self) -> None:
         """Stop sampling and close the store."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-        if self.store is not None:
-            await asyncio.to_thread(self.store.close)
-            self.store = None
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+            except Exception:
+                # The gateway is stopping: its links still have to close.
+                log.exception("history sampler failed")
+        store, self.store = self.store, None
+        if store is not None:
+            try:
+                await asyncio.to_thread(store.close)
+            except Exception:
+                log.exception("history store %s: close failed", store.where)
 
     async def record(self) -> dict[str, Any]:
         """Take one sample now and write it."""
@@ -397,5 +400,11 @@ class HistoryRecorder:
                 if str(exc) != self.last_error:
                     log.warning("%s", exc)
                 self.last_error = str(exc)
+            except Exception as exc:
+                # A bug in one sample must not end the sampling for good.
+                error = f"history sample failed: {exc!r}"
+                if error != self.last_error:
+                    log.exception("%s", error)
+                self.last_error = error
             else:
                 self.last_error = ""

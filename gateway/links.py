@@ -147,6 +147,15 @@ class ServerLink:
         return owner if owner is not None and owner != self.gateway_id else None
 
     @property
+    def display_state(self) -> str:
+        """The state shown to people: /v1/servers, tailgate_servers and the history agree."""
+        if self.draining or (self.server_draining and self.state == "up"):
+            return "draining"
+        if self.state == "up" and self.owned_elsewhere is not None:
+            return "owned_elsewhere"
+        return self.state
+
+    @property
     def is_up(self) -> bool:
         """Connected, answering heartbeats and taking new tasks from this gateway."""
         return (

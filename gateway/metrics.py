@@ -46,6 +46,15 @@ POST_QUEUING_QUANTILES = (0.5, 0.9, 0.99, 0.999)
 """Quantiles of each server's post-queuing CDF exported at scrape time."""
 RECENT_LATENCIES = 50_000
 """Answered-query latencies kept per class between two history samples."""
+SERVER_WINDOW_S = 60.0
+"""Time window of the per-server and per-pool miss ratios: each update (scrape, history
+sample, dashboard poll) adds one chunk, so a time window keeps a server's memory to the
+updates of the last minute, where a count window as long as admission's would keep ~100,000."""
+
+
+def server_window() -> MissRatioWindow:
+    """The miss-ratio window of one server or pool (the last SERVER_WINDOW_S seconds)."""
+    return MissRatioWindow(window_tasks=None, window_s=SERVER_WINDOW_S)
 
 
 def fanout_bucket(k: int) -> str:
@@ -119,13 +128,15 @@ class ServerMissRatios:
     """Windowed task miss ratio per server and per pool, fed from cumulative counts.
 
     The query path only bumps `counts`; `update(now)` (at scrape or sample time) feeds
-    what changed since the last update into one MissRatioWindow per server and per pool,
-    shaped like the admission window (tasks or seconds). A count window that got no
-    task for `max_age_s` is cleared, as the admission window is (gateway.overload).
+    what changed since the last update into one MissRatioWindow per server and per pool
+    (`server_window` in the gateway). A count window that got no task for `max_age_s`
+    is cleared, as the admission window is (gateway.overload).
     """
 
     def __init__(
-        self, make_window: Callable[[], MissRatioWindow], max_age_s: float | None = None
+        self,
+        make_window: Callable[[], MissRatioWindow] = server_window,
+        max_age_s: float | None = None,
     ) -> None:
         self.counts: dict[tuple[str, str], list[int]] = {}
         """(server, pool) -> [tasks, misses] since start (tasks that ran: status ok)."""
@@ -160,6 +171,15 @@ class ServerMissRatios:
         for pool, (tasks, misses) in by_pool.items():
             self._feed(("pool", pool), misses, tasks, now)
 
+    def forget(self, server: str, now: float) -> None:
+        """Drop a removed server's counts and windows (its pool keeps the tasks it ran)."""
+        self.update(now)
+        for key in [k for k in self.counts if k[0] == server]:
+            del self.counts[key]
+            self._seen.pop(key, None)
+            self._windows.pop(("server", *key), None)
+            self._last_task.pop(("server", *key), None)
+
     def server_ratio(self, server: str, pool: str, now: float) -> float:
         """The server's windowed miss ratio (0.0 before its first task)."""
         return self._ratio(("server", server, pool), now)
@@ -169,8 +189,10 @@ class ServerMissRatios:
         return self._ratio(("pool", pool), now)
 
     def pools(self) -> list[str]:
-        """Pools that have run tasks."""
-        return sorted({pool for _, pool in self.counts})
+        """Pools that have run tasks (also on servers since removed)."""
+        return sorted(
+            {pool for _, pool in self.counts} | {k[1] for k in self._windows if k[0] == "pool"}
+        )
 
     def _feed(self, key: tuple[str, ...], misses: int, tasks: int, now: float) -> None:
         window = self._windows.get(key)
@@ -219,7 +241,7 @@ class _GatewayCollector(Collector):
         yield misses
         pool_ratio = GaugeMetricFamily(
             "tailgate_pool_task_miss_ratio",
-            "Task deadline-miss ratio of a pool over a window shaped like admission's.",
+            "Task deadline-miss ratio of a pool over the last minute.",
             labels=["pool"],
         )
         for pool in windows.pools():
@@ -228,7 +250,7 @@ class _GatewayCollector(Collector):
         links = sorted(view.links.values(), key=lambda lk: lk.server_id)
         server_ratio = GaugeMetricFamily(
             "tailgate_server_task_miss_ratio",
-            "Task deadline-miss ratio of a server over a window shaped like admission's.",
+            "Task deadline-miss ratio of a server over the last minute.",
             labels=["server", "pool"],
         )
         depth = GaugeMetricFamily(
@@ -331,8 +353,8 @@ class GatewayMetrics:
             "Queries dispatched and not yet answered.",
             registry=registry,
         )
-        self.server_windows = ServerMissRatios(lambda: MissRatioWindow(window_tasks=100_000))
-        """Per-server and per-pool task counts and windows (shaped by bind_service)."""
+        self.server_windows = ServerMissRatios()
+        """Per-server and per-pool task counts and windows."""
         self.recent_latency_ms: dict[str, deque[float]] = {}
         """Class -> latencies of answered queries since the history sampler last drained them."""
 
@@ -384,7 +406,7 @@ class GatewayMetrics:
     def bind_service(
         self,
         view: GatewayView,
-        make_window: Callable[[], MissRatioWindow],
+        make_window: Callable[[], MissRatioWindow] = server_window,
         max_age_s: float | None = None,
     ) -> None:
         """Export per-server, per-pool and autoscaler figures read from the service at scrape."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from admission import Action, AdmissionController, MissRatioWindow, Pressure, QueryInfo
@@ -78,7 +78,10 @@ class OverloadGuard:
         if self._since_tail >= 100:  # a percentile per 100 queries, not per query
             self._since_tail = 0
             self._tail_ratio = max(
-                (_pctl(r, self._percentile.get(c, 99.0)) for c, r in self._tails.items()),
+                (
+                    nearest_rank(sorted(r), self._percentile.get(c, 99.0))
+                    for c, r in self._tails.items()
+                ),
                 default=0.0,
             )
 
@@ -151,8 +154,8 @@ class OverloadGuard:
         }
 
 
-def _pctl(values: Iterable[float], p: float) -> float:
-    xs = sorted(values)
+def nearest_rank(xs: Sequence[float], p: float) -> float:
+    """Nearest-rank p-th percentile (p in (0, 100]) of an already sorted sequence; 0.0 if empty."""
     if not xs:
         return 0.0
     return xs[min(len(xs) - 1, max(0, math.ceil(p / 100.0 * len(xs)) - 1))]

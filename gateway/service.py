@@ -33,7 +33,7 @@ from gateway.errors import NotFound, SloUnreachableError, Unavailable
 from gateway.history import HistoryRecorder
 from gateway.links import LinkDown, PendingTask, ServerLink
 from gateway.metrics import GatewayMetrics, fanout_bucket
-from gateway.overload import OverloadGuard, admission_window
+from gateway.overload import OverloadGuard
 from gateway.queries import (
     CANCELLED,
     DROPPED,
@@ -82,15 +82,6 @@ class DrainReport:
     queries: int
     cut: int
     seconds: float
-
-
-def _state(link: ServerLink) -> str:
-    """A server's state as GET /v1/servers shows it."""
-    if link.draining or (link.server_draining and link.state == "up"):
-        return "draining"
-    if link.state == "up" and link.owned_elsewhere is not None:
-        return "owned_elsewhere"
-    return link.state
 
 
 def _cdf_group(pool: PoolConfig, cluster: str | None) -> str | None:
@@ -145,14 +136,15 @@ class GatewayService:
         """Stopping: new queries get 503 `draining`; those in flight finish."""
         self._active = 0
         """Queries inside run_query (admission included)."""
-        self._idle_waiters: list[asyncio.Future[None]] = []
+        self._idle = asyncio.Event()
+        """Set while no query is inside run_query (what drain waits for)."""
+        self._idle.set()
         self._cut: set[str] = set()
         """Queries the drain bound ended before their own deadline."""
-        self.metrics.bind_servers(lambda: [(lk.pool, lk.state) for lk in self.links.values()])
-        a = config.admission
-        self.metrics.bind_service(
-            self, lambda: admission_window(a), a.window_max_age_s if a.window_tasks > 0 else None
+        self.metrics.bind_servers(
+            lambda: [(lk.pool, lk.display_state) for lk in self.links.values()]
         )
+        self.metrics.bind_service(self)
         self.history = HistoryRecorder(self)
 
     # -- servers ---------------------------------------------------------
@@ -284,6 +276,8 @@ class GatewayService:
             del self.links[server_id]
             self.book.remove_server(server_id)
         await link.close(f"server {server_id} deregistered")
+        if server_id not in self.links:  # not replaced by a new registration meanwhile
+            self.metrics.server_windows.forget(server_id, self.clock())
         return {"id": server_id, "deleted": True, "drained": failed == 0, "failed_tasks": failed}
 
     def server_view(self, link: ServerLink) -> dict[str, Any]:
@@ -295,7 +289,7 @@ class GatewayService:
             "cluster": link.cluster,
             "address": link.address,
             "slots": link.slots,
-            "state": _state(link),
+            "state": link.display_state,
             "queueing": "central" if link.central else "server",
             "outstanding": len(link.outstanding),
             "tasks_sent": link.tasks_sent,
@@ -352,15 +346,13 @@ class GatewayService:
                 headers={"Retry-After": str(self.config.retry_after_s)},
             )
         self._active += 1
+        self._idle.clear()
         try:
             return await self._run_query(req, t0)
         finally:
             self._active -= 1
-            if not self._active and self._idle_waiters:
-                waiters, self._idle_waiters = self._idle_waiters, []
-                for fut in waiters:
-                    if not fut.done():
-                        fut.set_result(None)
+            if not self._active:
+                self._idle.set()
 
     async def _run_query(self, req: QueryRequest, t0: float | None) -> QueryAnswer:
         t0 = self.clock() if t0 is None else t0
@@ -565,12 +557,10 @@ class GatewayService:
 
     async def _wait_idle(self, timeout_s: float) -> bool:
         """Wait until no query is in run_query; False on timeout."""
-        if not self._active:
-            return True
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._idle_waiters.append(fut)
+        if self._idle.is_set():
+            return True  # wait_for with a timeout <= 0 would not even start the wait
         try:
-            await asyncio.wait_for(fut, timeout_s)
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
         except TimeoutError:
             return False
         return True

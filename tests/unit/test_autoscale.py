@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
-from admission import PolicyValueError, ScaleDecision, ThresholdAutoscaler, vertical_step
+from admission import (
+    PolicyValueError,
+    ScaleDecision,
+    SwayamPolicy,
+    ThresholdAutoscaler,
+    vertical_step,
+)
+from gateway.autoscaling import AutoscalerLoop
+from gateway.config import AutoscalingConfig, GatewayConfig, PoolConfig
 
 
 def create_autoscaler(**kwargs: object) -> ThresholdAutoscaler:
@@ -78,6 +88,7 @@ def test_snapshot_lists_thresholds_and_a_bounded_history() -> None:
         {"step": 0},
         {"up_cooldown_s": -1.0},
         {"max_replicas": 2.0},
+        {"down_cooldown_s": 30.0, "max_down_cooldown_s": 20.0},  # below the base cooldown
     ],
 )
 def test_bad_settings_are_refused(kwargs: dict) -> None:
@@ -123,3 +134,46 @@ def test_flap_backoff_is_capped() -> None:
         assert a.decide(0.05, 2, t + 1).delta == 1
         t += 100.0
     assert a.effective_down_cooldown_s == 15.0
+
+
+def test_max_down_cooldown_below_the_base_is_refused_by_name() -> None:
+    with pytest.raises(PolicyValueError, match=r"max_down_cooldown_s.*20\.0"):
+        create_autoscaler(down_cooldown_s=30.0, max_down_cooldown_s=20.0)
+
+
+def test_a_step_down_that_held_resets_the_down_cooldown_when_a_step_up_follows() -> None:
+    a = create_autoscaler(max_replicas=10, up_cooldown_s=0.0, down_cooldown_s=10.0)
+    assert a.decide(0.0, 3, 0.0).delta == -1
+    assert a.decide(0.05, 2, 1.0).delta == 1  # flap: 20 s
+    assert a.decide(0.0, 3, 21.0).delta == -1
+    assert a.decide(0.05, 2, 22.0).delta == 1  # flap again: 40 s
+    assert a.effective_down_cooldown_s == 40.0
+    assert a.decide(0.0, 3, 62.0).delta == -1
+    # The load rises 15 s later: the step down held a whole base cooldown, so this step up
+    # is not a flap and the next step down waits only the base 10 s.
+    assert a.decide(0.05, 2, 77.0).delta == 1
+    assert a.effective_down_cooldown_s == 10.0
+    assert a.decide(0.0, 3, 86.9).reason == "cooldown"
+    assert a.decide(0.0, 3, 87.0).delta == -1
+
+
+def test_only_the_step_up_right_after_a_step_down_counts_as_a_flap() -> None:
+    a = create_autoscaler(max_replicas=10, up_cooldown_s=0.0, down_cooldown_s=10.0)
+    assert a.decide(0.0, 3, 0.0).delta == -1
+    assert a.decide(0.05, 2, 1.0).delta == 1  # flap: 20 s
+    # Further steps up neither double the cooldown again nor reset it.
+    assert a.decide(0.05, 3, 2.0).delta == 1
+    assert a.decide(0.05, 4, 30.0).delta == 1
+    assert a.effective_down_cooldown_s == 20.0
+
+
+@pytest.mark.parametrize(("queueing", "dispatch"), [("central", "central"), ("server", "retry")])
+def test_the_swayam_loop_models_the_queueing_of_its_pool(queueing: str, dispatch: str) -> None:
+    scaling = AutoscalingConfig(policy="swayam", pool="edge")
+    config = GatewayConfig(
+        pools=[PoolConfig(name="default"), PoolConfig(name="edge", queueing=queueing)],
+        autoscaling=scaling,
+    )
+    loop = AutoscalerLoop(SimpleNamespace(config=config), scaling, None, lambda: 0.0)  # type: ignore[arg-type]
+    assert isinstance(loop.policy, SwayamPolicy)
+    assert loop.policy.dispatch == dispatch

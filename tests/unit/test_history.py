@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +16,11 @@ from gateway.history import (
     HistoryError,
     HistorySampler,
     HistoryStore,
-    percentile,
+    read_figures,
     thin,
 )
+from gateway.links import ServerLink
+from gateway.overload import nearest_rank
 from gateway.service import GatewayService
 
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
@@ -104,8 +108,10 @@ def test_sampler_keeps_pool_totals_and_only_the_deepest_servers() -> None:
 
 
 def test_percentile_is_nearest_rank_and_thin_keeps_the_newest() -> None:
-    assert percentile([5.0, 1.0, 3.0], 50) == 3.0
-    assert percentile([5.0, 1.0, 3.0], 100) == 5.0
+    assert nearest_rank([1.0, 3.0, 5.0], 50) == 3.0
+    assert nearest_rank([1.0, 3.0, 5.0], 100) == 5.0
+    assert nearest_rank([1.0, 3.0, 5.0], 0.1) == 1.0
+    assert nearest_rank([], 99) == 0.0
     samples = [{"t": float(i)} for i in range(10)]
     assert thin(samples, 20) == samples
     thinned = thin(samples, 4)
@@ -270,3 +276,77 @@ def test_a_table_from_before_replicas_gets_the_column_and_keeps_its_rows(tmp_pat
         assert rows == [("",), ("gw-0",)]
     finally:
         con.close()
+
+
+def test_history_metrics_and_the_server_list_show_one_state_per_server() -> None:
+    service = GatewayService(GatewayConfig())
+
+    def add(server_id: str, **state: Any) -> None:
+        link = ServerLink(
+            server_id,
+            "127.0.0.1",
+            9,
+            pool="default",
+            on_result=lambda *a: None,
+            on_failure=lambda *a: None,
+            gateway_id=service.instance_id,
+        )
+        for k, v in state.items():
+            setattr(link, k, v)
+        service.links[server_id] = link
+
+    add("up", state="up")
+    add("mine", state="up", owner=service.instance_id)
+    add("other", state="up", owner="gw-2")
+    add("server-drains", state="up", server_draining=True)
+    add("leaving", state="up", draining=True)
+    add("down", state="down")
+    expected = {"up": 2, "owned_elsewhere": 1, "draining": 2, "down": 1}
+    assert read_figures(service).servers == expected
+    views = [service.server_view(lk)["state"] for lk in service.links.values()]
+    assert Counter(views) == expected
+    for state, n in expected.items():
+        labels = {"pool": "default", "state": state}
+        assert service.registry.get_sample_value("tailgate_servers", labels) == n
+
+
+async def test_a_failing_sample_is_logged_and_sampling_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    service = GatewayService(GatewayConfig(history_interval_s=0.001))
+    recorder = service.history
+    calls = 0
+    second = asyncio.Event()
+
+    async def record() -> dict[str, Any]:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("a bug in read_figures")
+        second.set()
+        return {}
+
+    recorder.record = record  # type: ignore[method-assign]
+    await service.start()
+    try:
+        await asyncio.wait_for(second.wait(), 5.0)
+        assert "history sample failed: RuntimeError('a bug in read_figures')" in caplog.text
+        assert recorder.last_error == ""  # the next sample went through
+    finally:
+        await service.stop()
+
+
+async def test_stop_survives_a_sampler_that_died() -> None:
+    service = GatewayService(GatewayConfig(history_interval_s=3600.0))
+    await service.start()
+    recorder = service.history
+    assert recorder._task is not None
+    recorder._task.cancel()
+
+    async def died() -> None:
+        raise RuntimeError("sampler bug")
+
+    recorder._task = asyncio.get_running_loop().create_task(died())
+    await asyncio.sleep(0)
+    await service.stop()  # no RuntimeError: the links and the store still close
+    assert recorder.store is None and recorder._task is None

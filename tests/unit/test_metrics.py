@@ -10,7 +10,10 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from admission import MissRatioWindow
 from gateway.cdf import CdfBook
-from gateway.metrics import GatewayMetrics
+from gateway.config import GatewayConfig
+from gateway.links import ServerLink
+from gateway.metrics import SERVER_WINDOW_S, GatewayMetrics
+from gateway.service import GatewayService
 from taskserver.metrics import LiteHistogram
 
 
@@ -107,6 +110,64 @@ def test_a_count_window_with_no_new_task_is_forgotten_after_max_age() -> None:
         )
         == 1.0
     )
+
+
+def test_server_windows_keep_the_last_minute_and_forget_a_removed_server() -> None:
+    clock = [0.0]
+    view = make_view(clock)
+    registry = CollectorRegistry()
+    metrics = GatewayMetrics(registry)
+    metrics.bind_service(view)  # the gateway's own windows: the last SERVER_WINDOW_S
+    windows = metrics.server_windows
+    value = registry.get_sample_value
+    labels = {"server": "ts-1", "pool": "default"}
+    # Nearly three hours of one task and one update (scrape, sample, poll) a second.
+    for i in range(10_000):
+        clock[0] = float(i)
+        windows.task("ts-1", "default", missed=i % 10 == 0)
+        windows.update(clock[0])
+    # Memory per server stays one chunk per update of the last minute (white box: the
+    # chunk deque is what grew without bound under a 100,000-task count window).
+    window = windows._windows[("server", "ts-1", "default")]
+    assert len(window._overall.chunks) == SERVER_WINDOW_S == 60
+    # The ratio covers that minute (9940..9999: six misses in 60), not the three hours.
+    assert value("tailgate_server_task_miss_ratio", labels) == 0.1
+    assert value("tailgate_pool_task_miss_ratio", {"pool": "default"}) == 0.1
+    # A task after the last update, then the server is removed (deregister).
+    windows.task("ts-1", "default", missed=True)
+    view.links.clear()
+    windows.forget("ts-1", clock[0])
+    assert [k for k in windows._windows if k[0] == "server"] == []
+    for name in (
+        "tailgate_server_tasks_total",
+        "tailgate_server_task_deadline_misses_total",
+        "tailgate_server_task_miss_ratio",
+    ):
+        assert value(name, labels) is None
+    # Its pool keeps what the server ran, the last task included.
+    assert value("tailgate_pool_task_miss_ratio", {"pool": "default"}) == 7 / 61
+
+
+async def test_deregister_forgets_the_server_windows() -> None:
+    service = GatewayService(GatewayConfig())
+    link = ServerLink(
+        "ts-1",
+        "127.0.0.1",
+        9,
+        pool="default",
+        on_result=lambda *a: None,
+        on_failure=lambda *a: None,
+    )
+    service.links["ts-1"] = link
+    service.book.add_server("ts-1", [1.0, 2.0])
+    service.metrics.server_windows.task("ts-1", "default", missed=True)
+    value = service.registry.get_sample_value
+    labels = {"server": "ts-1", "pool": "default"}
+    assert value("tailgate_server_tasks_total", labels) == 1.0
+    await service.deregister("ts-1")
+    assert value("tailgate_server_tasks_total", labels) is None
+    assert service.metrics.server_windows.counts == {}
+    assert value("tailgate_pool_task_miss_ratio", {"pool": "default"}) == 1.0
 
 
 def test_queue_depth_post_queuing_quantiles_and_deferrals_are_read_at_scrape() -> None:

@@ -19,6 +19,7 @@ from admission import (
     response_percentile_ms,
     waiting_percentile_ms,
 )
+from admission.queueing_models import central_waiting_cdf
 
 # d1 = d2 = 1 ms and a retry delay of 8 ms: every failed attempt costs c = 10 ms.
 DELAYS = {"send_ms": 1.0, "reply_ms": 1.0, "retry_delay_ms": 8.0}
@@ -148,6 +149,25 @@ def test_an_unreachable_target_saturates_at_max_backends() -> None:
     assert (estimate.backends, estimate.meets_target) == (8, False)
     # Overload beyond max_backends: unstable even there.
     assert required_backends(1e6, [10.0], percentile=99.0, target_ms=41.0, max_backends=8) == 8
+
+
+def test_central_dispatch_finds_the_smallest_n_of_the_m_m_n_model() -> None:
+    # Reference: P(R <= target) from central_waiting_cdf per service sample (Erlang C computed
+    # every time), scanned n by n; estimate_backends computes Erlang C once per n.
+    service = [float(x) for x in range(1, 101)]  # 1..100 ms
+    hold_ms = 50.5 + 0.5 + 0.5  # mean service + d1 + d2 (the defaults)
+
+    def cdf(n: int, rate_per_s: float, target_ms: float) -> float:
+        waits = [target_ms - 0.5 - s - 0.5 for s in service]
+        return math.fsum(central_waiting_cdf(w, n, rate_per_s / 1000, hold_ms) for w in waits) / 100
+
+    for rate, target_ms, expected in ((100.0, 200.0, 7), (2000.0, 150.0, 106)):
+        reference = next(n for n in range(1, 1001) if cdf(n, rate, target_ms) >= 0.99)
+        estimate = estimate_backends(
+            rate, service, percentile=99.0, target_ms=target_ms, dispatch="central"
+        )
+        assert (estimate.backends, estimate.meets_target) == (reference, True)
+        assert reference == expected
 
 
 @pytest.mark.parametrize(
