@@ -20,6 +20,7 @@ from typing import Any
 
 from edge_agent.profiles import PROFILE_NAMES
 from edge_agent.readers import SIMULATED_SENSORS, check_sensor_name
+from taskserver.registration import check_token
 
 __all__ = [
     "ENV_TOKEN",
@@ -204,7 +205,7 @@ def _token(args: Mapping[str, Any], env: Mapping[str, str]) -> str | None:
     if not path:
         token = env.get(ENV_TOKEN, "").strip()
         if token:
-            return token
+            return _checked(token, ENV_TOKEN)
         path, where = env.get(ENV_TOKEN_FILE, "").strip(), ENV_TOKEN_FILE
     if path:
         try:
@@ -213,8 +214,16 @@ def _token(args: Mapping[str, Any], env: Mapping[str, str]) -> str | None:
             raise AgentConfigError(where, f"cannot read {path}: {exc.strerror}") from exc
         if not token:
             raise AgentConfigError(where, f"{path} is empty")
-        return token
+        return _checked(token, where)
     return None
+
+
+def _checked(token: str, where: str) -> str:
+    """The token, held to the gateway's rule (a bad one would fail every registration)."""
+    try:
+        return check_token(token)
+    except ValueError as exc:
+        raise AgentConfigError(where, str(exc)) from exc
 
 
 def load_agent_config(args: Mapping[str, Any], env: Mapping[str, str]) -> AgentConfig:

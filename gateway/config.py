@@ -11,6 +11,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from taskserver.registration import check_token
 from taskserver.service_time import ServiceSpec
 
 
@@ -390,8 +391,6 @@ class GatewayConfig:
 
 CLUSTER_NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 """A cluster label: 1 to 64 letters, digits, dots, underscores or hyphens."""
-MAX_TOKEN_LEN = 4096
-_TOKEN_RE = re.compile(rf"[\x21-\x7e]{{1,{MAX_TOKEN_LEN}}}")
 
 
 def check_cluster_name(name: object) -> str:
@@ -399,16 +398,6 @@ def check_cluster_name(name: object) -> str:
     if not isinstance(name, str) or not CLUSTER_NAME_RE.fullmatch(name):
         raise ValueError(f"cluster: must be 1..64 characters of A-Z a-z 0-9 . _ -, got {name!r}")
     return name
-
-
-def check_token(token: object) -> str:
-    """The token if it can travel as a Bearer credential, else ValueError (not quoting it)."""
-    if not isinstance(token, str) or not _TOKEN_RE.fullmatch(token):
-        # The value is a secret: the message describes it without quoting it.
-        raise ValueError(
-            f"token: must be 1..{MAX_TOKEN_LEN} printable ASCII characters without spaces"
-        )
-    return token
 
 
 def parse_address(address: str) -> tuple[str, int]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import re
 import urllib.error
 import urllib.request
 from typing import TYPE_CHECKING, Any
@@ -18,7 +19,24 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from taskserver.config import TaskServerConfig
 
-__all__ = ["GatewayUnreachable", "auth_headers", "gateway_call", "gateway_urls"]
+__all__ = ["GatewayUnreachable", "auth_headers", "check_token", "gateway_call", "gateway_urls"]
+
+MAX_TOKEN_LEN = 4096
+_TOKEN_RE = re.compile(rf"[\x21-\x7e]{{1,{MAX_TOKEN_LEN}}}")
+
+
+def check_token(token: object) -> str:
+    """The token if it can travel as a Bearer credential, else ValueError (not quoting it).
+
+    Here, with the wire's other half, so the gateway, task servers and edge agents all
+    hold tokens to one rule.
+    """
+    if not isinstance(token, str) or not _TOKEN_RE.fullmatch(token):
+        # The value is a secret: the message describes it without quoting it.
+        raise ValueError(
+            f"token: must be 1..{MAX_TOKEN_LEN} printable ASCII characters without spaces"
+        )
+    return token
 
 
 class GatewayUnreachable(Exception):

@@ -190,3 +190,12 @@ def test_cli_run_requires_id_and_cluster(capsys: pytest.CaptureFixture) -> None:
         main(["edge-agent", "run", "--id", "a"])
     assert info.value.code == 2
     assert "--cluster" in capsys.readouterr().err
+
+
+def test_a_token_the_gateway_would_refuse_is_refused_at_start(tmp_path: Path) -> None:
+    with pytest.raises(AgentConfigError, match="TAILGATE_AGENT_TOKEN: token: must be"):
+        load_agent_config({}, {"TAILGATE_AGENT_TOKEN": "has a space"})
+    f = tmp_path / "t"
+    f.write_text("caf\u00e9\n")
+    with pytest.raises(AgentConfigError, match="--token-file: token: must be"):
+        load_agent_config({"token_file": str(f)}, {})
