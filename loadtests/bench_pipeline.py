@@ -9,8 +9,10 @@ shows the scheduler's own behaviour without the noise of a shared CPU):
    per second, and the batching gain (throughput over batch 1's).
 2. Saturated: closed-loop clients keep the pipeline full with budgets too large to drop
    anything, through PipelineExecutor (PARD deciding every request). Per module: requests/s
-   served, busy share of the wall time, mean batch, and batch efficiency: the per-request
-   cost at batch 1 (part 1) over the per-request model time actually paid in the run.
+   served, busy share of the wall time, mean batch, and batching gain: the per-request
+   cost at batch 1 (part 1) over the per-request model time actually paid in the run
+   (b·d(1)/d(b), the "gain" of ``python -m onnx_models profile``). Requests that end in an
+   error (a drop or a failure) are counted apart, by error type, not in the latencies.
 3. Overload with PARD: open-loop Poisson arrivals at 1.5x the saturated throughput, with the
    pipeline's SLO as budget: goodput, drop and invalid rates, drops per module, and how much
    slower than its profile each module ran (PARD's estimate is only as good as d_k(b);
@@ -31,6 +33,7 @@ import json
 import random
 import statistics
 import time
+from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
@@ -106,15 +109,18 @@ def isolated(config: PipelineConfig, repeats: int) -> dict[str, dict[int, float]
     return table
 
 
-async def _client(ex: PipelineExecutor, stop_s: float, lat: list[float], seed: int) -> None:
+async def _client(
+    ex: PipelineExecutor, stop_s: float, lat: list[float], errors: Counter[str], seed: int
+) -> None:
     i = seed
     while time.perf_counter() < stop_s:
         t0 = time.perf_counter()
         try:
             await ex.execute(json.dumps({"image_seed": i, "budget_ms": 600_000}).encode())
-        except ExecutorError:
-            pass
-        lat.append(time.perf_counter() - t0)
+        except ExecutorError as exc:
+            errors[type(exc).__name__] += 1
+        else:
+            lat.append(time.perf_counter() - t0)
         i += 1000
 
 
@@ -144,20 +150,28 @@ def _overhead(
 async def saturated(
     ex: PipelineExecutor, isolated_ms: dict[str, dict[int, float]], seconds: float, clients: int
 ) -> float:
-    """Closed-loop saturation: per-module throughput and batch efficiency; returns req/s."""
+    """Closed-loop saturation: per-module throughput and batching gain; returns req/s."""
     try:
         await ex.execute(b"{}")  # warm the sessions up
         latencies: list[float] = []
+        errors: Counter[str] = Counter()
         start = time.perf_counter()
         cpu = time.thread_time()
         base = {mid: (w.requests, w.busy_s, w.exec_s) for mid, w in ex.workers.items()}
-        await asyncio.gather(*(_client(ex, start + seconds, latencies, s) for s in range(clients)))
+        await asyncio.gather(
+            *(_client(ex, start + seconds, latencies, errors, s) for s in range(clients))
+        )
         wall = time.perf_counter() - start
         cpu = time.thread_time() - cpu
-        print(f"\n2. saturated: {clients} closed-loop clients for {wall:.1f} s, nothing dropped")
+        failed = sum(errors.values())
+        print(
+            f"\n2. saturated: {clients} closed-loop clients for {wall:.1f} s: "
+            f"{len(latencies)} completed, {failed} errors"
+            + (f" {dict(sorted(errors.items()))}" if failed else "")
+        )
         print(
             "   module                      req/s   busy   mean batch   model ms/req   "
-            "at b=1   efficiency   prep ms/req   vs profile   batch sizes"
+            "at b=1         gain   prep ms/req   vs profile   batch sizes"
         )
         for mid, w in ex.workers.items():
             served = w.requests - base[mid][0]
@@ -173,6 +187,9 @@ async def saturated(
                 f"   {dict(sorted(w.sizes.items()))}"
             )
         done = len(latencies)
+        if not done:
+            print("   pipeline: no request completed")
+            return 0.0
         mean = statistics.fmean(latencies)
         p99 = sorted(latencies)[int(0.99 * (done - 1))]
         print(
@@ -200,7 +217,9 @@ async def overload(ex: PipelineExecutor, rate: float, seconds: float, seed: int)
             pass
 
     try:
-        await ex.execute(b"{}")
+        await ex.execute(b"{}")  # warm-up: whatever became of it is subtracted below
+        base = ex.snapshot()
+        base_run = ex.metrics.pipeline(config.name, ex.clock())
         tasks: list[asyncio.Task[None]] = []
         start = time.perf_counter()
         cpu = time.thread_time()
@@ -215,24 +234,36 @@ async def overload(ex: PipelineExecutor, rate: float, seconds: float, seed: int)
         wall = time.perf_counter() - start
         cpu = time.thread_time() - cpu
         snap = ex.snapshot()
+        run = ex.metrics.pipeline(config.name, ex.clock())
+        n = {k: snap[k] - base[k] for k in ("arrived", "on_time", "late", "dropped", "failed")}
+        # As the executor's drop rate: failed and cancelled requests count as dropped here.
+        finished = (run.on_time + run.late + run.dropped) - (
+            base_run.on_time + base_run.late + base_run.dropped
+        )
+        dropped_or_late = (run.dropped + run.late) - (base_run.dropped + base_run.late)
+        compute_s = run.compute_s - base_run.compute_s
+        invalid_s = run.invalid_s - base_run.invalid_s
+        drops = {
+            m: k - base["drops_by_module"].get(m, 0) for m, k in snap["drops_by_module"].items()
+        }
         print(
             f"\n3. overload: Poisson {rate:.1f} req/s for {seconds:.0f} s, budget = SLO "
             f"{config.slo_ms:.0f} ms, dropper {config.dropper}"
         )
         print(
-            f"   arrived {snap['arrived'] - 1}, on time {snap['on_time'] - 1}, late "
-            f"{snap['late']}, dropped {snap['dropped']} -> goodput "
-            f"{(snap['on_time'] - 1) / wall:.1f} req/s, drop rate {snap['drop_rate']:.1%}, "
-            f"invalid rate {snap['invalid_rate']:.1%}"
+            f"   arrived {n['arrived']}, on time {n['on_time']}, late {n['late']}, dropped "
+            f"{n['dropped']}, failed {n['failed']} -> goodput {n['on_time'] / wall:.1f} req/s, "
+            f"drop rate {dropped_or_late / max(1, finished):.1%}, "
+            f"invalid rate {invalid_s / compute_s if compute_s > 0 else 0.0:.1%}"
         )
-        print(f"   drops by module: {snap['drops_by_module']}")
+        print(f"   drops by module: {drops}")
         for mid, m in snap["modules"].items():
             print(
                 f"   {m['name']:<24} (id {mid}) ran {m['exec_vs_profile']:.2f}x its profile, "
                 f"mean batch {m['mean_batch']}: {m['batch_sizes']}"
             )
         if latencies:
-            _overhead(ex, snap["arrived"], statistics.fmean(latencies), cpu)
+            _overhead(ex, n["arrived"], statistics.fmean(latencies), cpu)
     finally:
         await ex.close()
 

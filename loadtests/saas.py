@@ -1,10 +1,12 @@
 """Load driver of the Sensing-as-a-Service scenario (TailGuard's Pi testbed).
 
-Three query classes over edge agents in four clusters (server-room, wet-lab, faculty, gta):
+Three query classes over edge agents in four clusters (server-room, wet-lab, faculty, gta);
+each class's SLO (percentile and latency) is read from the gateway's GET /v1/classes at the
+start of a run (deploy/saas.toml gives A p99 <= 800 ms, B 1300 ms, C 1800 ms):
 
-- A (p99 <= 800 ms, 50%): one agent; 80% in server-room, the rest a random agent elsewhere;
-- B (p99 <= 1300 ms, 40%): fanout 4, one random agent per cluster;
-- C (p99 <= 1800 ms, 10%): fanout 32, every agent.
+- A (50%): one agent; 80% in server-room, the rest a random agent elsewhere;
+- B (40%): fanout 4, one random agent per cluster;
+- C (10%): fanout 32, every agent.
 
 Each query reads 1 to 30 days (uniform) of temperature readings from a random start within
 the agents' 18 months. Arrivals are Poisson at a given rate for a bounded time; every query
@@ -33,12 +35,24 @@ from typing import Any
 
 from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector
 
-CLASSES = {"A": 800.0, "B": 1300.0, "C": 1800.0}
-"""Class -> p99 SLO (ms), as in deploy/saas.toml."""
+CLASSES = ("A", "B", "C")
+"""The mix's classes; the gateway must configure each (GET /v1/classes)."""
 SHARES = (("A", 0.5), ("B", 0.4), ("C", 0.1))
 HOME_CLUSTER = "server-room"
 RETENTION_DAYS = 540
 """Starts are drawn this far back at most (inside the agents' 18-month retention)."""
+
+
+class GatewayClassesError(RuntimeError):
+    """The gateway's GET /v1/classes could not be read or lacks a class of the mix."""
+
+
+@dataclass(frozen=True)
+class ClassSlo:
+    """One class's SLO as the gateway has it: the percentile's latency within latency_ms."""
+
+    percentile: float
+    latency_ms: float
 
 
 @dataclass
@@ -63,6 +77,8 @@ class RunReport:
     rate_per_s: float
     duration_s: float
     classes: dict[str, ClassStats]
+    slos: dict[str, ClassSlo]
+    """Class -> its SLO, from the gateway's GET /v1/classes."""
     tasks: int = 0
     missed_tasks: int = 0
     busy_ms: dict[str, float] = field(default_factory=lambda: defaultdict(float))
@@ -73,9 +89,9 @@ class RunReport:
         return self.missed_tasks / self.tasks if self.tasks else 0.0
 
     def met(self, cls: str) -> bool:
-        """The class's p99 is within its SLO and none of its queries failed."""
-        s = self.classes[cls]
-        return bool(s.latencies_ms) and not s.errors and s.p(99) <= CLASSES[cls]
+        """The class's SLO percentile is within its latency and none of its queries failed."""
+        s, slo = self.classes[cls], self.slos[cls]
+        return bool(s.latencies_ms) and not s.errors and s.p(slo.percentile) <= slo.latency_ms
 
     @property
     def all_met(self) -> bool:
@@ -96,7 +112,9 @@ class RunReport:
             "agent_utilisation": round(self.utilisation(agents), 4),
             "classes": {
                 c: {
-                    "slo_ms": CLASSES[c],
+                    "percentile": self.slos[c].percentile,
+                    "slo_ms": self.slos[c].latency_ms,
+                    "at_percentile_ms": round(s.p(self.slos[c].percentile), 1),
                     "p99_ms": round(s.p(99), 1),
                     "p50_ms": round(s.p(50), 1),
                     "answered": len(s.latencies_ms),
@@ -132,15 +150,44 @@ def _iso(t: datetime) -> str:
     return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+async def fetch_slos(session: ClientSession, url: str) -> dict[str, ClassSlo]:
+    """The SLO of each class of the mix from GET /v1/classes; GatewayClassesError if one lacks."""
+    endpoint = url.rstrip("/") + "/v1/classes"
+    try:
+        async with session.get(endpoint) as resp:
+            resp.raise_for_status()
+            answer = await resp.json()
+        have = {
+            str(c["name"]): ClassSlo(float(c["percentile"]), float(c["latency_ms"]))
+            for c in answer["classes"]
+        }
+    except (ClientError, TimeoutError, ValueError, KeyError, TypeError) as exc:
+        raise GatewayClassesError(
+            f"cannot read the classes at {endpoint}: {type(exc).__name__}: {exc}"
+        ) from exc
+    missing = [c for c in CLASSES if c not in have]
+    if missing:
+        raise GatewayClassesError(
+            f"gateway at {url} lacks class(es) {missing} of the SaaS mix (it has "
+            f"{sorted(have)}): start it with --config deploy/saas.toml"
+        )
+    return {c: have[c] for c in CLASSES}
+
+
 async def drive(
     url: str, rate_per_s: float, duration_s: float, *, seed: int = 1, warmup_s: float = 0.0
 ) -> RunReport:
-    """Poisson arrivals at rate_per_s for warmup_s + duration_s; stats after the warm-up."""
+    """Poisson arrivals at rate_per_s for warmup_s + duration_s; stats after the warm-up.
+
+    The classes' SLOs come from the gateway first (`fetch_slos`).
+    """
     rng = random.Random(seed)
-    report = RunReport(rate_per_s, duration_s, {c: ClassStats() for c in CLASSES})
+    async with ClientSession(timeout=ClientTimeout(total=10.0)) as session:
+        slos = await fetch_slos(session, url)
+    report = RunReport(rate_per_s, duration_s, {c: ClassStats() for c in CLASSES}, slos)
     endpoint = url.rstrip("/") + "/v1/queries"
     # Every query ends by its SLO plus the gateway's grace; this only guards a dead gateway.
-    timeout = ClientTimeout(total=max(CLASSES.values()) / 1000.0 + 30.0)
+    timeout = ClientTimeout(total=max(s.latency_ms for s in slos.values()) / 1000.0 + 30.0)
     pending: set[asyncio.Task[None]] = set()
 
     async def one(session: ClientSession, body: dict[str, Any], counted: bool) -> None:
@@ -200,8 +247,10 @@ def format_report(r: RunReport, agents: int) -> str:
     ]
     for c, s in r.classes.items():
         errs = f", errors {dict(s.errors)}" if s.errors else ""
+        slo = r.slos[c]
         lines.append(
-            f"  {c}: p99 {s.p(99):7.1f} ms (SLO {CLASSES[c]:g}) p50 {s.p(50):6.1f} ms, "
+            f"  {c}: p{slo.percentile:g} {s.p(slo.percentile):7.1f} ms (SLO {slo.latency_ms:g}) "
+            f"p50 {s.p(50):6.1f} ms, "
             f"{len(s.latencies_ms)} answered{errs} {'ok' if r.met(c) else 'MISSED'}"
         )
     return "\n".join(lines)
@@ -230,9 +279,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "run":
         if not args.rate > 0:
             p.error("--rate must be > 0")
-        r = asyncio.run(
-            drive(args.gateway, args.rate, args.duration, seed=args.seed, warmup_s=args.warmup)
-        )
+        try:
+            r = asyncio.run(
+                drive(args.gateway, args.rate, args.duration, seed=args.seed, warmup_s=args.warmup)
+            )
+        except GatewayClassesError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         print(format_report(r, args.agents))
         print(json.dumps(r.to_json(args.agents)))
         return 0

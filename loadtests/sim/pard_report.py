@@ -161,6 +161,7 @@ class PardReport:
     def setup_section(self) -> str:
         """How b_k, workers, rate and SLO came out of the profile, and the traces' CVs."""
         st = self.setup
+        cfg = st.config()
         fmt = {"d_k_ms": "{:.1f}", "rps_per_worker": "{:.0f}", "capacity_rps": "{:.0f}"}
         fmt["load_at_mean_rate"] = "{:.0%}"
         modules = [[fmt.get(k, "{}").format(v) for k, v in r.items()] for r in self.module_rows()]
@@ -182,7 +183,8 @@ class PardReport:
             "workers ceil(T_med / T_k), so that every module reaches the median one-worker "
             f"throughput; mean rate {st.load:.0%} of the capacity {st.capacity_rps:.0f} req/s "
             f"= **{st.rate_rps:.0f} req/s**, {st.duration_s:.1f} s per trace. Batch durations "
-            "carry 5% log-normal noise; state exchange every 1 s; lambda = 0.1.\n\n"
+            f"carry {cfg.duration_cv:.0%} log-normal noise (CV); state exchange every "
+            f"{cfg.exchange_period_s:g} s; lambda = {cfg.wait_quantile:g}.\n\n"
             + md_table([*module_head, "capacity req/s", "load"], modules)
             + "\n\nTraces (CV of the per-second request rate; peak: the busiest second over "
             "the capacity; overloaded: seconds above the capacity):\n\n"

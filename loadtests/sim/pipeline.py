@@ -5,18 +5,23 @@ the same PARD objects a task server runs: per module a StatePlanner and a droppe
 `create_dropper`, per worker a queue from ``dropper.new_queue()`` (a BudgetQueue with adaptive
 HBF/LBF for PARD), and `dropper.form_batch` for every batch decision. Modelling choices:
 
-- Batching (PARD Fig. 3b, dynamic batching as in Nexus): a worker runs one batch at a time and
-  collects the next one right after the previous one begins execution. The open batch has room
-  for the module's batch size b_k; requests already queued join at once, later arrivals join
-  while it has room (W_k = t_e - t_b, t_e the expected end of the running batch). When the
-  running batch ends, the open batch starts with however many requests it holds, at most b_k;
-  an idle worker starts a batch at once with what is queued. A batch of n runs d_k(n) from the
-  profile (n need not be a profiled size: the profile interpolates linearly). Under load
-  batches are full (n = b_k); an idle worker's batch holds what was queued.
-- b_k (Nexus's rule, `nexus_batch_sizes`): the SLO is split over the longest path through each
-  module in proportion to d_k at its largest feasible size, and b_k is the largest feasible
-  size whose worst case, a full batch wait plus execution (2 d_k(b)), fits that share; the
-  smallest feasible size when none does.
+- Batching: the rules of the live worker (taskserver/pipeline/worker.py, PARD Fig. 3b). A
+  worker runs one batch at a time and collects the next one right after the previous one
+  begins execution. The open batch has a target size, `feasible_target` (the live function) of
+  admitted + queued over the module's feasible sizes up to b_k; it only grows while the batch
+  is open, and requests beyond it wait in the queue. Each request is decided by
+  `dropper.form_batch` with d_k at the target and t_e = max(expected end of the running batch,
+  now) (now for an idle worker). When the running batch ends, the worker collects again and
+  the open batch starts; at that start the requests whose decision it outdated (decided at a
+  smaller target, or with a t_e more than the worker's `RECHECK_SLACK_S` before the start)
+  are decided again with `dropper.decide` (W_k = 0, d_k at the final target), as the live
+  `_recheck` does, and the dropped ones leave the batch. A batch of n runs d_k(max(n, b_1))
+  from the profile (n need not be a profiled size: the profile interpolates linearly).
+- b_k (Nexus's rule, `nexus_batch_sizes`, or `SimConfig.max_batch`): the SLO is split over the
+  longest path through each module in proportion to d_k at its largest feasible size, and b_k
+  is the largest feasible size whose worst case, a full batch wait plus execution (2 d_k(b)),
+  fits that share; the smallest feasible size when none does. It stands for the largest size
+  of a live module's ``batch_sizes``.
 - Workers: a fixed number per module (default 1), provisioned before the run: the resource
   scaling of PARD §5.1 reacts to the rate, and bursts are exactly when it cannot follow in
   time (§2). A module with several workers sends each request to the one with the fewest
@@ -33,6 +38,17 @@ HBF/LBF for PARD), and `dropper.form_batch` for every batch decision. Modelling 
   every other planner merges it, and PARD-family planners refresh w_k. Messages take no time.
 - Metrics: a PardMetrics fed with every arrival, batch, drop and completion; goodput over time
   is sampled from it once a second (window `goodput_window_s`).
+
+What still differs from the live worker: (1) the planner's published batch size is the mean
+size run in the last exchange period (above), where the live worker sets it to the target at
+every launch and starts from the smallest feasible size (this moves Clipper++'s SLO shares and
+the downstream d_k of PARD's estimates); (2) no duration adaptation (`adapt_durations`), so t_e
+and the recheck use the profiled d_k while batches run with noise; (3) for the droppers other
+than PARD, the shell does not record Q_k and W_k in the planner (no decision of theirs reads
+them); (4) the order at a batch end is collect, launch, collect again, then forward the
+finished batch, where the live worker forwards before its second collect (the next module's
+queue is another worker's, so no decision here sees the difference); (5) no model errors,
+cancellations or process boundaries.
 """
 
 from __future__ import annotations
@@ -59,6 +75,7 @@ from taskserver.pard import (
     StatePlanner,
     create_dropper,
 )
+from taskserver.pipeline.worker import RECHECK_SLACK_S, feasible_target
 
 __all__ = [
     "DROPPED",
@@ -144,13 +161,15 @@ class _Req:
 
 
 class _Worker:
-    __slots__ = ("expected_end_s", "index", "module", "open", "queue", "running")
+    __slots__ = ("expected_end_s", "index", "module", "open", "queue", "running", "target")
 
     def __init__(self, module: _Module, index: int) -> None:
         self.module = module
         self.index = index
         self.queue = module.dropper.new_queue()
-        self.open: list[PipelineRequest] = []  # the batch being collected
+        # the batch being collected, in admission order: id -> (request, target, t_e decided at)
+        self.open: dict[int, tuple[PipelineRequest, int, float]] = {}
+        self.target = 0  # the open batch's target size; 0: none open
         self.running: list[PipelineRequest] | None = None
         self.expected_end_s = 0.0  # t_e: start + profiled duration of the running batch
 
@@ -168,6 +187,7 @@ class _Module:
         "max_batch",
         "planner",
         "pres",
+        "sizes",
         "subs",
         "workers",
     )
@@ -179,6 +199,7 @@ class _Module:
         self.exchange = StateExchange()
         self.workers: list[_Worker] = []
         self.max_batch = 1
+        self.sizes: tuple[int, ...] = (1,)  # feasible sizes up to b_k, ascending
         self.subs: tuple[str, ...] = ()
         self.pres = 1
         self.batches = 0  # batches started since the last exchange
@@ -214,6 +235,7 @@ class _Sim:
             )
             mod = _Module(m, planner, create_dropper(dropper, planner))
             mod.max_batch = self.max_batch[m]
+            mod.sizes = (*(b for b in model.batch_sizes[m] if b < mod.max_batch), mod.max_batch)
             mod.subs = model.subs[m]
             mod.pres = max(1, len(model.pres[m]))
             mod.workers = [_Worker(mod, i) for i in range(cfg.workers_of(m))]
@@ -280,34 +302,62 @@ class _Sim:
         req.at[module_id] = w
         if w.running is None:
             self.start_batch(w, now)
-        elif len(w.open) < mod.max_batch:
+        else:
             self.fill(w, now)
 
     def fill(self, w: _Worker, now: float) -> None:
-        """Add queued requests to the open batch, which starts at the running batch's end."""
+        """Decide queued requests into the open batch, up to its target (the live `_collect`)."""
+        queued = len(w.queue)
+        if not queued:
+            return
         mod = w.module
-        ctx = mod.planner.context(w.expected_end_s, mod.max_batch)
-        plan = mod.dropper.form_batch(w.queue, ctx, now, room=mod.max_batch - len(w.open))
-        w.open.extend(plan.requests)
+        admitted = len(w.open)
+        target = w.target = max(w.target, feasible_target(admitted + queued, mod.sizes))
+        room = target - admitted
+        if room <= 0:
+            return
+        expected_start = w.expected_end_s if w.running is not None else now
+        ctx = mod.planner.context(max(expected_start, now), target)
+        plan = mod.dropper.form_batch(w.queue, ctx, now, room)
+        for request, _ in plan.admitted:
+            w.open[request.request_id] = (request, target, ctx.expected_start_s)
         for request, _ in plan.dropped:
             self.drop(request.item, mod.id, now)
 
-    def start_batch(self, w: _Worker, now: float) -> None:
+    def recheck(self, w: _Worker, now: float) -> None:
+        """Decide again, at the batch's start, requests whose decision it outdated (`_recheck`)."""
+        target, late = w.target, now - RECHECK_SLACK_S
+        stale = [r for r, size, t_e in w.open.values() if size < target or t_e < late]
+        if not stale:
+            return
         mod = w.module
-        if not w.open:
-            if not w.queue:
-                return
-            ctx = mod.planner.context(now, mod.max_batch)  # idle worker: t_e = now
-            plan = mod.dropper.form_batch(w.queue, ctx, now, room=mod.max_batch)
-            for request, _ in plan.dropped:
+        ctx = mod.planner.context(now, target)
+        decisions = [(r, mod.dropper.decide(r, ctx, now)) for r in stale]
+        for request, decision in decisions:
+            if not decision.admit:
+                del w.open[request.request_id]
                 self.drop(request.item, mod.id, now)
-            w.open = plan.requests
-            if not w.open:
-                return
-        batch, w.open = w.open, []
+
+    def start_batch(self, w: _Worker, now: float) -> None:
+        """An idle worker collects and launches until a batch runs or nothing is left."""
+        self.fill(w, now)
+        while w.running is None and w.open:
+            self.launch(w, now)
+            self.fill(w, now)  # Fig. 3b: collect the next batch right after this one begins
+
+    def launch(self, w: _Worker, now: float) -> None:
+        """Start the open batch, after the recheck; t_e = now + profiled d_k."""
+        mod = w.module
+        self.recheck(w, now)
+        if not w.open:
+            w.target = 0
+            return
+        batch = [r for r, _, _ in w.open.values()]
+        w.open.clear()
+        w.target = 0
         for r in batch:
             r.item.at.pop(mod.id, None)
-        profiled_s = self.model.duration_s(mod.id, len(batch))
+        profiled_s = self.model.duration_s(mod.id, max(len(batch), mod.sizes[0]))
         mu, sigma = self.noise
         duration_s = (
             profiled_s * math.exp(mu + sigma * self.rng.gauss(0.0, 1.0)) if sigma else profiled_s
@@ -318,8 +368,6 @@ class _Sim:
         mod.batch_items += len(batch)
         self.batches.append(BatchRecord(mod.id, w.index, now, duration_s, len(batch)))
         self.push(now + duration_s, _END, (w, duration_s))
-        if w.queue:  # Fig. 3b: collect the next batch right after this one begins
-            self.fill(w, now)
 
     def end_batch(self, obj: tuple[_Worker, float], now: float) -> None:
         w, duration_s = obj
@@ -359,8 +407,9 @@ class _Sim:
         self.dropped_at[req.index] = module_id
         self.in_flight -= 1
         for w in req.at.values():  # sibling sub-requests of a DAG leave their queues
-            if w.queue.remove(req.index) is None:
-                w.open = [r for r in w.open if r.request_id != req.index]
+            if w.queue.remove(req.index) is None and w.open.pop(req.index, None) is not None:
+                if not w.open:
+                    w.target = 0  # an emptied open batch has no size to keep
         req.at.clear()
 
     # ---- periodic events ------------------------------------------------------------------

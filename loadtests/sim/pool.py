@@ -13,8 +13,10 @@ once per interval, with the same policy objects the gateway runs:
   with the central-queue waiting-time model) sets n; the gateway routes to the first n warm
   backends, and a backend beyond them with no request for T retires itself (`IdleTracker`).
 - ``threshold``: `ThresholdAutoscaler` on the windowed task deadline-miss ratio; a request
-  misses when its service starts after t_D = t0 + target - x_p^u(1) (TailGuard eq. (4) with
-  k_f = 1); a step down stops routing to the last backend, which then retires once idle.
+  misses when it leaves the gateway queue after t_D = t0 + target - x_p^u(1) (TailGuard
+  eq. (4) with k_f = 1); a step up starts only the backends it needs beyond those started
+  (warm ones outside the routable set count); a step down stops routing to the last backend,
+  which then retires once idle.
 """
 
 from __future__ import annotations
@@ -239,11 +241,12 @@ def simulate_pool(scn: PoolScenario, policy: str) -> PoolResult:
         b.busy = True
         assert b.idle is not None
         b.idle.task(t / 1000.0)
-        at = t + scn.send_ms
-        late = at - arrivals[i] > budget_ms
+        # Central queueing: the miss is judged at the dequeue, t > t_D (gateway/links.py _pump).
+        late = t - arrivals[i] > budget_ms
         misses += late
         window.record(late, t / 1000.0)
-        back = at + service[i] + scn.reply_ms  # the result is the gateway's idle signal
+        # The result is the gateway's idle signal.
+        back = t + scn.send_ms + service[i] + scn.reply_ms
         response[i] = back - arrivals[i]
         heapq.heappush(events, (back, _DONE, backends.index(b)))
 
@@ -257,7 +260,7 @@ def simulate_pool(scn: PoolScenario, policy: str) -> PoolResult:
         # §4.1: frontends "instantaneously transition warm-not-in-use backends to warm-in-use
         # backends by sending them requests" when load rises unexpectedly).
         for b in spare:
-            if not waiting or t - arrivals[waiting[0]] < budget_ms - scn.send_ms:
+            if not waiting or t - arrivals[waiting[0]] < budget_ms:
                 return
             if not b.busy and b.retired_s is None:
                 start(b, waiting.popleft(), t)
@@ -295,7 +298,8 @@ def simulate_pool(scn: PoolScenario, policy: str) -> PoolResult:
                     {"time_s": now_s, "delta": d.delta, "reason": d.reason, "miss_ratio": ratio}
                 )
                 window = MissRatioWindow(window_tasks=scn.window_tasks)
-            for _ in range(max(0, d.delta)):
+            # Like the Swayam path: warm backends outside the routable set count first.
+            for _ in range(max(0, d.replicas - len(started))):
                 add_backend(now_s, now_s + scn.setup_s)
             target_n = d.replicas
         warm = {b.bid: b for b in backends if b.retired_s is None and b.ready_s <= now_s}

@@ -47,7 +47,7 @@ __all__ = ["ModuleWorker", "Router", "feasible_target"]
 log = logging.getLogger(__name__)
 
 _HISTORY = 256  # batches kept per module for inspection
-_RECHECK_SLACK_S = 0.001  # a batch that starts this late after its t_e is rechecked
+RECHECK_SLACK_S = 0.001  # a batch that starts this late after its t_e is rechecked
 
 
 _ADAPT_WEIGHT = 0.1  # EWMA weight of one batch in the duration scale
@@ -230,7 +230,7 @@ class ModuleWorker:
         drops it here, before this module spends compute on it, not at the next module.
         """
         target = self._target
-        late = now - _RECHECK_SLACK_S
+        late = now - RECHECK_SLACK_S
         stale = [r for r, size, t_e in self._open.values() if size < target or t_e < late]
         if not stale:
             return

@@ -81,9 +81,25 @@ def test_batches_never_exceed_the_batch_size_and_use_profiled_sizes_under_load()
     arrivals = np.arange(400) * 0.001  # 1000 req/s against 800 req/s at b = 8
     out = run(model, arrivals, "none", max_batch=8)
     sizes = [b.size for b in out.batches]
-    assert max(sizes) == 8
-    assert sizes.count(8) >= len(sizes) - 2  # saturated: full batches but the first and last
+    assert max(sizes) == 8 and set(sizes) <= {1, 2, 4, 8}  # feasible targets, as live
+    # Saturated: full batches but the first and the drain (7 left run as 4, 2, 1).
+    assert sizes[0] == 1 and sizes[-3:] == [4, 2, 1]
+    assert sizes.count(8) == len(sizes) - 4
     assert sum(sizes) == 400
+
+
+def test_the_open_batch_grows_with_the_backlog_and_outdated_decisions_are_rechecked() -> None:
+    # d(b) = 10 + 10 b ms. r0 runs alone (0-20 ms); r1 joins the open batch at target 1
+    # (ends 40 ms: 40 ms <= 65 ms). r2-r4 at 10 ms grow the target to 4 (ends 70 ms, 60 ms
+    # for them). At the start (20 ms) r1, decided at a smaller target, is decided again with
+    # d(4): 70 ms > 65 ms, so A drops it as the live worker's recheck does; 3 run.
+    model = PipelineModel("p", {"A": []}, 0.065, LinearProfile(10.0, 10.0), {"A": (1, 2, 4)})
+    cfg = SimConfig(max_batch={"A": 4}, duration_cv=0.0)
+    out = simulate_pipeline(model, [0.0, 0.0, 0.01, 0.01, 0.01], "nexus", cfg)
+    assert [(b.start_s, b.size) for b in out.batches] == [(0.0, 1), (0.02, 3)]
+    assert list(out.outcome) == [ON_TIME, DROPPED, ON_TIME, ON_TIME, ON_TIME]
+    assert out.finish_s[1] == pytest.approx(0.02)
+    assert out.latency_s[2:] == pytest.approx([0.05] * 3)
 
 
 def test_nexus_rule_picks_the_largest_batch_whose_worst_case_fits_the_share() -> None:
