@@ -9,6 +9,17 @@ Edge agents are real ``tailgate edge-agent run`` processes, each on its own sens
 store in ``--edge-data`` (seeded with ``--edge-months`` of simulated readings the
 first time, reused afterwards), in four clusters of the Sensing-as-a-Service
 testbed whose latency profiles emulate the paper's heterogeneous Pis on loopback.
+
+``ChildSupervisor`` watches every child and applies ``deploy.supervisor``'s restart policy:
+during start-up a child that exits is fatal (``up`` exits 1 naming it: a child that cannot
+start at all must not restart forever); once everything came up, a child that fails (killed
+by a signal such as SIGKILL, or a non-zero exit code) is logged once and started again with
+the same argv and environment after a jittered exponential backoff (0.5 s doubling to 30 s),
+and the rest keep serving; a clean exit (code 0: a retired idle server, or one stopped on
+purpose with SIGTERM) stays down. The restarted child binds a new port and registers again,
+and the gateway replaces the dead server's link. Only Ctrl-C or SIGTERM of ``up`` stops
+everything: the gateway drains first, then the children get SIGTERM; from then on nothing
+is restarted, and a child still waiting out its backoff is never started.
 """
 
 from __future__ import annotations
@@ -20,6 +31,7 @@ import json
 import logging
 import math
 import os
+import random
 import secrets
 import signal
 import sys
@@ -31,6 +43,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from deploy.config import ENV_TOKEN, TailgateConfig
+from deploy.supervisor import Action, Phase, RestartBackoff, RestartDecision, RestartPolicy
 from gateway.config import GatewayConfig, PoolConfig
 
 log = logging.getLogger(__name__)
@@ -285,6 +298,147 @@ async def seed_edge_stores(cfg: TailgateConfig, opts: UpOptions) -> None:
     await asyncio.gather(*(seed(i) for i in missing))
 
 
+async def _spawn(spec: ChildSpec) -> asyncio.subprocess.Process:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **spec.env}
+    # Their stdout only announces the bound address, which we learn on registration.
+    # A session of their own: Ctrl-C in a terminal reaches `up` alone, which drains the
+    # gateway first and then stops them (--exit-with-parent still ends them if `up` dies).
+    return await asyncio.create_subprocess_exec(
+        *spec.argv, env=env, stdout=asyncio.subprocess.DEVNULL, start_new_session=True
+    )
+
+
+@dataclass(slots=True)
+class _Child:
+    spec: ChildSpec
+    proc: asyncio.subprocess.Process
+    backoff: RestartBackoff
+    exited: asyncio.Task[int] | None = None
+    """Waits for the current process's exit; None while it waits for its restart."""
+    restart_at: float | None = None
+    """Loop time of the pending restart."""
+
+
+class ChildSupervisor:
+    """Starts ``up``'s children, restarts those that fail, stops them all in the end."""
+
+    def __init__(
+        self, policy: RestartPolicy | None = None, rng: random.Random | None = None
+    ) -> None:
+        self.policy = policy or RestartPolicy()
+        self._rng = rng or random.Random()
+        self.phase = Phase.STARTING
+        self._children: list[_Child] = []
+
+    @property
+    def procs(self) -> list[asyncio.subprocess.Process]:
+        """The current process of every child."""
+        return [c.proc for c in self._children]
+
+    async def start(self, specs: list[ChildSpec]) -> None:
+        """Start every child once."""
+        loop = asyncio.get_running_loop()
+        for spec in specs:
+            child = _Child(spec, await _spawn(spec), RestartBackoff(self.policy, self._rng))
+            child.backoff.started(loop.time())
+            child.exited = asyncio.ensure_future(child.proc.wait())
+            self._children.append(child)
+
+    def check_started(self) -> None:
+        """During start-up: raise SystemExit when a child exited (it could not start)."""
+        now = asyncio.get_running_loop().time()
+        dead = [c for c in self._children if c.proc.returncode is not None]
+        if not dead:
+            return
+        first = dead[0]
+        decision = first.backoff.decide(first.proc.returncode, now, self.phase)
+        assert decision.action is Action.FATAL, decision
+        others = f" (and {len(dead) - 1} more)" if len(dead) > 1 else ""
+        raise SystemExit(
+            f"tailgate up: server {first.spec.server_id}{others} exited during start-up "
+            f"({decision.status}); see its error above"
+        )
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Until `stop` is set, restart each child that fails after its backoff."""
+        self.phase = Phase.RUNNING
+        loop = asyncio.get_running_loop()
+        stop_wait = asyncio.ensure_future(stop.wait())
+        try:
+            while not stop.is_set():
+                waits = {c.exited: c for c in self._children if c.exited is not None}
+                due = [c.restart_at for c in self._children if c.restart_at is not None]
+                timeout = max(0.0, min(due) - loop.time()) if due else None
+                done, _ = await asyncio.wait(
+                    {stop_wait, *waits}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                )
+                if stop.is_set():
+                    break
+                for task in done:
+                    if task in waits:
+                        self._exited(waits[task], task.result(), loop.time())
+                for child in self._children:
+                    if stop.is_set():
+                        break  # a child still waiting out its backoff is never started
+                    if child.restart_at is not None and child.restart_at <= loop.time():
+                        await self._restart(child)
+        finally:
+            stop_wait.cancel()
+
+    def _exited(self, child: _Child, returncode: int | None, now: float) -> None:
+        child.exited = None
+        decision = child.backoff.decide(returncode, now, self.phase)
+        sid = child.spec.server_id
+        if decision.action is Action.RESTART:
+            child.restart_at = now + decision.delay_s
+            print(_restart_line(sid, decision, self.policy), file=sys.stderr, flush=True)
+        elif decision.action is Action.STAY_DOWN:
+            print(
+                f"tailgate: server {sid} exited ({decision.status}); not restarting it "
+                "(a clean exit: stopped on purpose or retired when idle)",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    async def _restart(self, child: _Child) -> None:
+        loop = asyncio.get_running_loop()
+        child.restart_at = None
+        try:
+            proc = await _spawn(child.spec)
+        except OSError as exc:  # fork or exec failed: a failure like any other
+            log.error("server %s could not be started: %s", child.spec.server_id, exc)
+            self._exited(child, None, loop.time())
+            return
+        child.proc = proc
+        child.backoff.started(loop.time())
+        child.exited = asyncio.ensure_future(proc.wait())
+        log.info("server %s started again as pid %d", child.spec.server_id, proc.pid)
+
+    async def stop(self) -> None:
+        """Stop every child (SIGTERM, then SIGKILL after 5 s); none is restarted any more."""
+        self.phase = Phase.STOPPING
+        for child in self._children:
+            child.restart_at = None
+            if child.exited is not None:
+                child.exited.cancel()
+                child.exited = None
+        await _stop(self.procs)
+
+
+def _restart_line(server_id: str, d: RestartDecision, policy: RestartPolicy) -> str:
+    line = (
+        f"tailgate: server {server_id} exited ({d.status}); "
+        f"restarting in {d.delay_s:.1f} s (restart {d.restart})"
+    )
+    if d.limited:
+        line += (
+            f"; CRASH LOOP: {d.recent_failures} failures within "
+            f"{policy.start_limit_interval_s:g} s, retrying every ~{policy.max_delay_s:g} s "
+            "until it stays up (see its errors above)"
+        )
+    return line
+
+
 async def _stop(procs: list[asyncio.subprocess.Process]) -> None:
     for p in procs:
         if p.returncode is None:
@@ -339,7 +493,7 @@ async def up(cfg: TailgateConfig, opts: UpOptions, stop: asyncio.Event | None = 
     service = GatewayService(gw_cfg, registry=CollectorRegistry())
     runner = web.AppRunner(create_app(service), access_log=None)
     await runner.setup()
-    procs: list[asyncio.subprocess.Process] = []
+    children = ChildSupervisor()
     try:
         try:
             await web.TCPSite(runner, opts.host, opts.port).start()
@@ -361,14 +515,7 @@ async def up(cfg: TailgateConfig, opts: UpOptions, stop: asyncio.Event | None = 
             pipeline_spec(cfg, opts, i, url, token, n_default + opts.edge_agents + i)
             for i in range(opts.pipeline_servers)
         ]
-        for spec in specs:
-            env = {**os.environ, "PYTHONUNBUFFERED": "1", **spec.env}
-            # Their stdout only announces the bound address, which we learn on registration.
-            procs.append(
-                await asyncio.create_subprocess_exec(
-                    *spec.argv, env=env, stdout=asyncio.subprocess.DEVNULL
-                )
-            )
+        await children.start(specs)
         if opts.autoscale:
             extra = ["--policy", opts.policy] if opts.policy else []
             # with --metrics-ports, autoscaled server n serves /metrics after the edge agents'
@@ -385,41 +532,44 @@ async def up(cfg: TailgateConfig, opts: UpOptions, stop: asyncio.Event | None = 
         await _wait_ready(
             service,
             len(specs) + (opts.servers if opts.autoscale else 0),
-            procs,
+            children,
             START_TIMEOUT_S + AGENT_START_S * opts.edge_agents,
+            stop,
         )
-        _banner(url, opts, token_given=cfg.gateway.token is not None, history=service.history.where)
-        while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), 1.0)
-            for p, spec in zip(procs, specs, strict=True):
-                if p.returncode is not None:
-                    log.error("server %s exited with code %s", spec.server_id, p.returncode)
-                    raise SystemExit(1)
+        if not stop.is_set():
+            _banner(
+                url, opts, token_given=cfg.gateway.token is not None, history=service.history.where
+            )
+        # One child's death stops nothing else: it is restarted; only `stop` ends this.
+        await children.run(stop)
         report = await service.drain()
         print(
             f"tailgate: gateway drained {report.queries} queries in {report.seconds:.2f} s",
             file=sys.stderr,
         )
     finally:
-        await _stop(procs)
+        await children.stop()
         await runner.cleanup()
         print("tailgate: stopped", file=sys.stderr)
 
 
 async def _wait_ready(
-    service: object, expected: int, procs: list[asyncio.subprocess.Process], timeout_s: float
+    service: object,
+    expected: int,
+    children: ChildSupervisor,
+    timeout_s: float,
+    stop: asyncio.Event,
 ) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     links = service.links  # type: ignore[attr-defined]
     while loop.time() < deadline:
+        if stop.is_set():  # Ctrl-C during start-up: stop what started, no verdict on it
+            return
         up = sum(1 for lk in links.values() if lk.is_up)
         if up >= expected:
             return
-        dead = [p for p in procs if p.returncode is not None]
-        if dead:
-            raise SystemExit(f"tailgate up: a task server exited with code {dead[0].returncode}")
+        children.check_started()
         await asyncio.sleep(0.1)
     raise SystemExit(
         f"tailgate up: only {sum(1 for lk in links.values() if lk.is_up)} of "

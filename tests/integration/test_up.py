@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import itertools
 import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 
@@ -21,6 +25,8 @@ from tests.conftest import REPO_ROOT
 from tests.integration.harness import child_pids, free_port
 
 pytestmark = pytest.mark.integration
+
+T = TypeVar("T")
 
 
 @contextlib.contextmanager
@@ -249,3 +255,126 @@ def test_up_without_onnxruntime_names_the_extra(tmp_path: Path) -> None:
     )
     assert done.returncode == 2
     assert "pip install -e '.[onnx]'" in done.stderr, done.stderr
+
+
+def _servers(base: str) -> dict[str, dict[str, Any]]:
+    """GET /v1/servers, by server id."""
+    with urllib.request.urlopen(base + "/v1/servers", timeout=30) as r:
+        return {s["id"]: s for s in json.loads(r.read())["servers"]}
+
+
+def _until(probe: Callable[[], T | None], timeout_s: float, what: str) -> T:
+    """Poll `probe` until it returns something other than None; fail after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = probe()
+        if got is not None:
+            return got
+        time.sleep(0.02)
+    raise AssertionError(f"{what} within {timeout_s:g} s")
+
+
+def _pid_of(up_pid: int, server_id: str) -> int | None:
+    """PID of the live child of `up` that runs server `server_id` (by its --id argument)."""
+    for pid in child_pids(up_pid):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().decode().split("\0")
+            if _alive(pid) and any(
+                a == "--id" and b == server_id for a, b in itertools.pairwise(argv)
+            ):
+                return pid
+    return None
+
+
+def _query(base: str, server_id: str) -> tuple[int, dict]:
+    body = {"class": "A", "targets": {"servers": [server_id]}, "task": {"service_ms": 2}}
+    return _post(base + "/v1/queries", body)
+
+
+def test_a_killed_task_server_is_restarted_while_the_others_keep_serving() -> None:
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    with running_up("--servers", "3", "--edge-agents", "0", port=port) as (proc, banner):
+        assert "Ctrl-C" in banner, banner
+        before = _servers(base)
+        assert {sid: s["state"] for sid, s in before.items()} == dict.fromkeys(
+            ("ts-1", "ts-2", "ts-3"), "up"
+        )
+        others = [_pid_of(proc.pid, sid) for sid in ("ts-1", "ts-3")]
+        victim = _pid_of(proc.pid, "ts-2")
+        assert victim is not None and None not in others
+        os.kill(victim, signal.SIGKILL)  # as the OOM killer would
+        # The gateway notices the lost connection: ts-2 is down (until its successor registers).
+        _until(
+            # (absent for a moment when its successor re-registers at a new address)
+            lambda: True if _servers(base).get("ts-2", {}).get("state") != "up" else None,
+            10,
+            "the gateway never marked the killed ts-2 down",
+        )
+        assert proc.poll() is None, "up stopped when one child died"
+        for sid in ("ts-1", "ts-3"):
+            status, ans = _query(base, sid)
+            assert status == 200, ans
+            assert [t["server"] for t in ans["tasks"]] == [sid]
+        # It comes back: a new process on a new port, registered and up again.
+        back = _until(
+            lambda: (
+                s
+                if (s := _servers(base).get("ts-2", {})).get("state") == "up"
+                and s["address"] != before["ts-2"]["address"]
+                else None
+            ),
+            20,
+            "ts-2 did not come back up at a new address",
+        )
+        successor = _pid_of(proc.pid, "ts-2")
+        assert successor is not None and successor != victim, back
+        status, ans = _query(base, "ts-2")
+        assert status == 200, ans
+        assert [_pid_of(proc.pid, sid) for sid in ("ts-1", "ts-3")] == others  # untouched
+        assert proc.poll() is None
+        # Only SIGTERM (or Ctrl-C) of up stops everything: drain first, then the children.
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(20)
+        err = proc.stderr.read() if proc.stderr else ""
+        assert proc.returncode == 0, err
+        restarts = [line for line in err.splitlines() if "restarting" in line]
+        assert len(restarts) == 1, err
+        assert re.fullmatch(
+            r"tailgate: server ts-2 exited \(killed by SIGKILL\); "
+            r"restarting in 0\.[4-6] s \(restart 1\)",
+            restarts[0],
+        ), restarts
+        assert "tailgate: gateway drained" in err and "tailgate: stopped" in err, err
+        assert child_pids(proc.pid) == []
+        left = [pid for pid in (*others, successor) if pid is not None and _alive(pid)]
+        assert not left, f"children left behind: {left}"
+
+
+def test_a_server_that_cannot_start_fails_up_at_once() -> None:
+    port = free_port()
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    for name in ("TAILGATE_CONFIG", "TAILGATE_AGENT_TOKEN", "TAILGATE_AGENT_TOKEN_FILE"):
+        env.pop(name, None)
+    argv = [sys.executable, "-m", "deploy.cli", "--log-level", "WARNING", "up"]
+    argv += ["--storage-url", "", "--servers", "1", "--edge-agents", "0", "--metrics-ports"]
+    with socket.socket() as taken:
+        # ts-1's --metrics-ports port is in use: that server can never start, so up must
+        # not restart it forever but fail, naming it.
+        with contextlib.suppress(OSError):  # if someone else holds it, just as good
+            taken.bind(("127.0.0.1", port + 100))
+            taken.listen()
+        done = subprocess.run(
+            [*argv, "--port", str(port)],
+            cwd=REPO_ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=90,
+            check=False,
+        )
+    assert done.returncode == 1, done.stderr
+    assert re.search(
+        r"tailgate up: server ts-1 exited during start-up \(exit code \d+\)", done.stderr
+    ), done.stderr
+    assert "restarting" not in done.stderr
