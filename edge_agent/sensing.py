@@ -50,6 +50,7 @@ from typing import Any
 
 from edge_agent.profiles import ServiceProfile
 from edge_agent.store import Readings, SensorStore, StoreError, UnknownSensor
+from taskserver import jsonbody
 from taskserver.executors import Executor, ExecutorError
 
 __all__ = ["OPS", "SensingExecutor", "decode_series", "encode_series", "iso", "parse_time"]
@@ -63,13 +64,20 @@ def iso(ts: int) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+_MIN_UNIX_S = datetime(1, 1, 1, tzinfo=UTC).timestamp()
+_MAX_UNIX_S = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC).timestamp()
+
+
 def parse_time(value: Any, field: str) -> float:
     """An ISO 8601 string (naive = UTC) or unix seconds, as unix seconds; else ExecutorError."""
     if isinstance(value, bool):
         raise ExecutorError(f"{field}: must be an ISO 8601 timestamp or unix seconds")
     if isinstance(value, int | float):
-        if not math.isfinite(value):
-            raise ExecutorError(f"{field}: must be finite, got {value!r}")
+        # The span of ISO 8601 timestamps (years 1..9999): a store keys readings by int64.
+        if not (_MIN_UNIX_S <= value <= _MAX_UNIX_S):  # False for NaN too
+            raise ExecutorError(
+                f"{field}: must be unix seconds within years 1..9999, got {value!r}"
+            )
         return float(value)
     if not isinstance(value, str):
         raise ExecutorError(f"{field}: must be an ISO 8601 timestamp, got {value!r}")
@@ -268,9 +276,9 @@ class SensingExecutor(Executor):
 
 def _parse(payload: bytes) -> dict[str, Any]:
     try:
-        request = json.loads(payload) if payload else None
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise ExecutorError(f"payload: invalid JSON: {exc}") from exc
+        request = jsonbody.loads(payload) if payload else None
+    except jsonbody.JsonError as exc:
+        raise ExecutorError(f"payload: {exc}") from exc
     if not isinstance(request, dict):
         raise ExecutorError('payload: must be a JSON object such as {"op": "latest", ...}')
     return request

@@ -18,6 +18,7 @@ from gateway.errors import ApiError, BadRequest, NotFound, PayloadTooLarge, Unau
 from gateway.openapi import openapi_document
 from gateway.requests import parse_query, parse_register
 from gateway.service import GatewayService
+from taskserver import jsonbody
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +61,8 @@ async def _json_body(request: web.Request) -> Any:
     if not raw:
         raise BadRequest("request body is empty; expected a JSON object", field="")
     try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
+        return jsonbody.loads(raw)
+    except jsonbody.JsonError as exc:
         raise BadRequest(f"malformed JSON: {exc}", field="") from exc
 
 

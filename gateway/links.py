@@ -22,10 +22,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from taskserver.messages import result_problem
+from taskserver.ownership import claim_proof
 from taskserver.queues import QueuedTask, create_task_queue
 from taskserver.wire import (
     ONEWAY,
     Batcher,
+    ProtocolViolation,
     ThriftConnection,
     WireError,
     gateway_body_types,
@@ -67,6 +70,7 @@ class PendingTask:
 ResultCallback = Callable[["ServerLink", PendingTask, Any, float], None]
 FailureCallback = Callable[["ServerLink", PendingTask, str, str], None]
 ChangeCallback = Callable[["ServerLink"], None]
+ViolationCallback = Callable[["ServerLink", ProtocolViolation], None]
 
 
 class ServerLink:
@@ -90,6 +94,8 @@ class ServerLink:
         heartbeat_timeout_s: float = 3.0,
         gateway_id: str = "",
         on_change: ChangeCallback | None = None,
+        token: str | None = None,
+        on_violation: ViolationCallback | None = None,
     ) -> None:
         self.server_id = server_id
         self.host = host
@@ -112,6 +118,12 @@ class ServerLink:
         """This gateway's instance id, sent with ownership claims (central queueing)."""
         self.on_change = on_change
         """Called when server_draining or owner changes."""
+        self.token = token
+        """The registration token this gateway's ownership claims prove (central queueing)."""
+        self.on_violation = on_violation
+        """Told when the server broke the protocol (its connection is then closed)."""
+        self.claim_error: str | None = None
+        """Why the server refused this gateway's last ownership claim (None: granted)."""
         self.server_draining = False
         """The server said (heartbeat) that it drains: it takes no new task."""
         self.owner: str | None = None
@@ -222,6 +234,7 @@ class ServerLink:
                             self._on_message,
                             self._on_lost,
                             batcher=Batcher.submit(),
+                            on_violation=self._on_violation,
                         ),
                         self.host,
                         self.port,
@@ -238,18 +251,29 @@ class ServerLink:
             backoff_s = 0.05
             await self._heartbeat(conn)
 
+    def _status_args(self, nonce: bytes | None) -> Any:
+        """The heartbeat's arguments: in central queueing, a claim proving the token on this
+        connection (its nonce comes with the first reply, so the first call claims nothing)."""
+        if not (self.central and self.gateway_id) or nonce is None:
+            return self._t.TaskServer.status_args()
+        # The lease outlives a missed heartbeat or two, not a dead gateway.
+        lease_ms = self.heartbeat_timeout_s * 1000.0
+        proof = None
+        if self.token is not None:
+            proof = claim_proof(self.token, nonce, self.gateway_id, lease_ms)
+        claim = self._t.OwnerClaim(self.gateway_id, lease_ms, proof)
+        return self._t.TaskServer.status_args(claim=claim)
+
     async def _heartbeat(self, conn: ThriftConnection) -> None:
-        claim = None
-        if self.central and self.gateway_id:
-            # The lease outlives a missed heartbeat or two, not a dead gateway.
-            claim = self._t.OwnerClaim(self.gateway_id, self.heartbeat_timeout_s * 1000.0)
-        args = self._t.TaskServer.status_args(claim=claim)
+        nonce: bytes | None = None
         first = True
         # `_closing` is checked besides the cancellation close() sends: on Python 3.11 a
         # wait_for whose inner wait has just finished swallows a cancellation.
         while not conn.closed and not self._closing:
             start = self.clock()
             self._poll_now.clear()
+            args = self._status_args(nonce)
+            claimed = args.claim is not None
             try:
                 st = await conn.call("status", args, self.heartbeat_timeout_s)
             except (TimeoutError, WireError) as exc:
@@ -264,7 +288,14 @@ class ServerLink:
             rtt_ms = (self.clock() - start) * 1000.0
             self.rtt_ms = rtt_ms if self.rtt_ms is None else 0.8 * self.rtt_ms + 0.2 * rtt_ms
             self.one_way_ms = self.rtt_ms / 2.0
+            if claimed:
+                self._on_claim_answer(getattr(st, "claim_error", None))
             self._on_status(st)
+            got_nonce = getattr(st, "claim_nonce", None)
+            if nonce is None and type(got_nonce) is bytes and got_nonce and self.central:
+                nonce = got_nonce
+                if self.gateway_id:
+                    continue  # claim at once, before this link takes tasks
             if first:
                 first = False
                 self.state = "up"
@@ -278,10 +309,25 @@ class ServerLink:
             else:
                 await asyncio.sleep(_REPOLL_S)  # a burst of rejections: one status call
 
+    def _on_claim_answer(self, error: Any) -> None:
+        """Log once when the server starts or stops refusing this gateway's claims."""
+        error = error if type(error) is str else None
+        if error == self.claim_error:
+            return
+        if error is not None:
+            log.warning("server %s refused this gateway's ownership: %s", self.server_id, error)
+        self.claim_error = error
+
+    def _on_violation(self, violation: ProtocolViolation, peer: str) -> None:
+        self.last_error = f"protocol violation: {violation}"
+        log.warning("server %s at %s broke the protocol: %s", self.server_id, peer, violation)
+        if self.on_violation is not None:
+            self.on_violation(self, violation)
+
     def _on_status(self, st: Any) -> None:
         """Learn from a heartbeat whether the server drains and who owns it."""
         draining = bool(st is not None and st.draining)
-        owner = st.owner if st is not None else None
+        owner = st.owner if st is not None and type(st.owner) is str else None
         if (draining, owner) == (self.server_draining, self.owner):
             return
         before = self.owned_elsewhere
@@ -315,6 +361,15 @@ class ServerLink:
         elif not self.last_error:
             self.last_error = "connection closed by server"
         self._fail_all("lost", f"connection to server {self.server_id} lost")
+
+    def _fail_one(self, query_id: str, p: PendingTask, reason: str) -> None:
+        """One outstanding task ends as failed (its slot is counted free, central queueing)."""
+        del self.outstanding[query_id]
+        self._notify_idle()
+        if self.queue is not None:
+            self.inflight -= 1
+            self._pump()
+        self.on_failure(self, p, "failed", reason)
 
     def _reject_queued(self, reason: str) -> None:
         """Central queueing: the tasks still queued here were never sent; reject them now."""
@@ -425,6 +480,10 @@ class ServerLink:
         p = self.outstanding.get(r.query_id)
         if p is None or p.index != r.task_index:
             return  # the query already ended (failed, timed out, or cancelled)
+        problem = result_problem(r)
+        if problem is not None:  # nothing of it is believed: not its timings, not its status
+            self._fail_one(r.query_id, p, f"server {self.server_id} sent a bad result: {problem}")
+            return
         del self.outstanding[r.query_id]
         if self._idle_waiters:
             self._notify_idle()

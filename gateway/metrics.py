@@ -348,6 +348,13 @@ class GatewayMetrics:
             ["pool"],
             registry=registry,
         )
+        self.wire_violations = Counter(
+            "tailgate_wire_violations_total",
+            "Connections to task servers closed because the server broke the Thrift protocol, "
+            "by server and reason (string_length, container_length, undecodable, ...).",
+            ["server", "reason"],
+            registry=registry,
+        )
         self.inflight = Gauge(
             "tailgate_queries_inflight",
             "Queries dispatched and not yet answered.",

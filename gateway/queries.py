@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from dataclasses import dataclass
 from typing import Any
+
+from taskserver import jsonbody
 
 # Task outcome statuses as the API reports them.
 OK = "ok"
@@ -50,9 +51,6 @@ class TaskOutcome:
         return out
 
 
-_decode_json = json.JSONDecoder().decode
-
-
 def _ms(v: float | None) -> float | None:
     """Milliseconds to 0.1 µs: finer digits are clock noise."""
     return None if v is None else round(v, 4)
@@ -63,8 +61,8 @@ def decode_result(raw: bytes | None) -> Any:
     if not raw:
         return None
     try:
-        return _decode_json(raw.decode("utf-8"))
-    except (ValueError, UnicodeDecodeError):
+        return jsonbody.loads(raw)
+    except jsonbody.JsonError:  # not JSON, or nested too deeply to render
         return {"raw": raw.decode("utf-8", "replace")}
 
 

@@ -242,6 +242,10 @@ class GatewayService:
             heartbeat_timeout_s=self.config.heartbeat_timeout_s,
             gateway_id=self.instance_id,
             on_change=self._on_link_change,
+            token=self.config.token,
+            on_violation=lambda lk, v: self.metrics.wire_violations.labels(
+                lk.server_id, v.reason
+            ).inc(),
         )
         self.book.add_server(req.id, self._prior(pool), group=_cdf_group(pool, req.cluster))
         self.links[req.id] = link

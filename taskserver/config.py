@@ -56,6 +56,11 @@ class TaskServerConfig:
     """Shared registration token sent to the gateway as a Bearer credential (None: none)."""
     cluster: str | None = None
     """Cluster label sent with the registration (edge agents: the Pi cluster)."""
+    task_grace_s: float = 2.0
+    """A running task whose SLO budget plus this grace has passed gives its slot back (the
+    task is reported FAILED); keep it above the gateway's grace, which times the query out."""
+    max_task_s: float = 300.0
+    """No task holds a slot longer than this, whatever budget it carries."""
 
     def __post_init__(self) -> None:
         if not self.server_id or not self.server_id.strip():
@@ -81,3 +86,7 @@ class TaskServerConfig:
             raise ValueError(f"drain_timeout_s: must be 0..600, got {self.drain_timeout_s}")
         if self.register_interval_s <= 0:
             raise ValueError(f"register_interval_s: must be > 0, got {self.register_interval_s}")
+        if not 0 <= self.task_grace_s <= 3600:
+            raise ValueError(f"task_grace_s: must be 0..3600, got {self.task_grace_s}")
+        if not 0 < self.max_task_s <= 86400:
+            raise ValueError(f"max_task_s: must be in (0, 86400], got {self.max_task_s}")

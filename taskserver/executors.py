@@ -23,6 +23,7 @@ import time
 from abc import ABC, abstractmethod
 from typing import Literal
 
+from taskserver import jsonbody
 from taskserver.service_time import ServiceTimeDistribution
 
 __all__ = ["EmulatedExecutor", "Executor", "ExecutorError", "TaskDropped"]
@@ -61,9 +62,9 @@ def _parse_payload(payload: bytes) -> dict:
     if not payload or payload == b"{}":
         return {}
     try:
-        request = json.loads(payload)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ExecutorError(f"payload: invalid JSON: {exc}") from exc
+        request = jsonbody.loads(payload)
+    except jsonbody.JsonError as exc:
+        raise ExecutorError(f"payload: {exc}") from exc
     if not isinstance(request, dict):
         raise ExecutorError(f"payload: must be a JSON object, got {type(request).__name__}")
     return request

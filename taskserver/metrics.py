@@ -141,6 +141,20 @@ class TaskServerMetrics:
             ["server"],
             registry=registry,
         ).labels(**labels)
+        self.wire_violations = Counter(
+            "tailgate_taskserver_wire_violations_total",
+            "Connections closed because the peer broke the Thrift protocol, by reason "
+            "(string_length, container_length, bad_message, ...).",
+            ["server", "reason"],
+            registry=registry,
+        )
+        self._server_id = server_id
+        self.slots_reclaimed = Counter(
+            "tailgate_taskserver_slots_reclaimed_total",
+            "Slots the watchdog took back from tasks running past their budget plus the grace.",
+            ["server"],
+            registry=registry,
+        ).labels(**labels)
 
     def bind_gauges(self, queued: Callable[[], float], busy: Callable[[], float]) -> None:
         """Read queue depth and busy slots at scrape time instead of on every change."""
@@ -150,6 +164,10 @@ class TaskServerMetrics:
     def task_done(self, status: str) -> None:
         """Count one finished task."""
         self._tasks_by_status[status].inc()
+
+    def wire_violation(self, reason: str) -> None:
+        """Count one connection closed for a protocol violation."""
+        self.wire_violations.labels(self._server_id, reason).inc()
 
 
 class PipelineCollector(Collector):

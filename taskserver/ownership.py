@@ -9,14 +9,50 @@ every claim; while the lease is live, claims and tasks from any other gateway ar
 with the owner's id. The lease ends when it is not renewed in time, or at once when the
 owner's last connection closes (a gateway that stops lets a standby take over without
 waiting). Pure: time comes in as ``now``.
+
+A claim must prove the registration token (which the server and its gateways share), or
+anyone who can reach the Thrift port could take the server out of service: each connection
+gets a random nonce from the server (``ServerStatus.claim_nonce``), and a claim on that
+connection carries ``claim_proof(token, nonce, gateway_id, lease_ms)``, an HMAC-SHA256. The
+token never travels, and a proof seen on one connection is worthless on another. A server
+without a token takes every claim (registration is then open too).
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import struct
 from dataclasses import dataclass
 
 MAX_LEASE_S = 60.0
 """Longest lease a claim can ask for (a claim cannot hold a server for ever)."""
+NONCE_BYTES = 16
+_PROOF_CONTEXT = b"tailgate ownership claim v1\x00"
+
+
+def claim_proof(token: str, nonce: bytes, gateway_id: str, lease_ms: float) -> bytes:
+    """The proof a claim carries: HMAC-SHA256 keyed with the token over nonce, id and lease."""
+    msg = b"".join(
+        (
+            _PROOF_CONTEXT,
+            struct.pack("!H", len(nonce)),
+            nonce,
+            struct.pack("!H", len(gateway_id.encode())),
+            gateway_id.encode(),
+            struct.pack("!d", lease_ms),
+        )
+    )
+    return hmac.new(token.encode(), msg, hashlib.sha256).digest()
+
+
+def proof_matches(
+    token: str, nonce: bytes, gateway_id: str, lease_ms: float, proof: bytes | None
+) -> bool:
+    """Whether `proof` is the claim's proof for this token and connection nonce."""
+    if proof is None or not nonce:
+        return False
+    return hmac.compare_digest(proof, claim_proof(token, nonce, gateway_id, lease_ms))
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,15 +24,21 @@ from typing import TYPE_CHECKING, Any
 from taskserver.config import TaskServerConfig
 from taskserver.executors import EmulatedExecutor, Executor, ExecutorError, TaskDropped
 from taskserver.exposition import Reply, Route, start_http
+from taskserver.framecheck import IMPLEMENTATION as FRAMECHECK
 from taskserver.lifecycle import drain_and_leave, register_forever, retire_when_idle
-from taskserver.ownership import OwnerLease
+from taskserver.messages import claim_problem, task_identity_problem, task_problem
+from taskserver.ownership import NONCE_BYTES, OwnerLease, proof_matches
 from taskserver.queues import Dequeued, QueuedTask, QueueFull, TaskQueue, create_task_queue
 from taskserver.service_time import make_distribution
 from taskserver.wire import (
+    CALL,
+    DEFAULT_LIMITS,
     ONEWAY,
     Batcher,
     ConnectionClosed,
+    ProtocolViolation,
     ThriftConnection,
+    WireLimits,
     server_body_types,
     status_names,
     thrift,
@@ -44,6 +51,12 @@ if TYPE_CHECKING:  # prometheus_client only loads when metrics are served
 
 log = logging.getLogger(__name__)
 
+WATCH_PERIOD_S = 0.25
+"""How often running tasks are checked against their budgets (the watchdog's period)."""
+_ONEWAY_METHODS = frozenset(("submit", "submit_batch", "cancel"))
+_OWNED_ELSEWHERE = "server is owned by another gateway (central queueing)"
+_INVALID_MESSAGE_TYPE = 2  # TApplicationException.INVALID_MESSAGE_TYPE
+
 
 @dataclass(slots=True)
 class _Inbound:
@@ -52,6 +65,37 @@ class _Inbound:
     task: Any
     conn: ThriftConnection
     received_s: float
+    limit_s: float = 0.0
+    """When it runs: by this clock time it has given its slot back (the watchdog)."""
+    reclaimed: bool = False
+    """The watchdog took its slot back and reported it; its runner's end is moot."""
+    started: bool = False
+    """Its runner has taken its first step (a runner cancelled before that never runs)."""
+
+
+def slot_limit_s(now: float, slo_budget_ms: float, grace_s: float, max_task_s: float) -> float:
+    """By when a task dequeued at `now` with slo_budget_ms of its SLO left (negative: late)
+    gives its slot back: at its SLO plus the grace, and never more than max_task_s on."""
+    return now + min(slo_budget_ms / 1000.0 + grace_s, max_task_s)
+
+
+class _Throttled:
+    """Logs a repeated warning once, then once per `every_s` with the count in between."""
+
+    def __init__(self, every_s: float = 10.0) -> None:
+        self.every_s = every_s
+        self._last: dict[str, float] = {}
+        self._skipped: dict[str, int] = {}
+
+    def warning(self, key: str, now: float, msg: str, *args: Any) -> None:
+        last = self._last.get(key)
+        if last is not None and now - last < self.every_s:
+            self._skipped[key] = self._skipped.get(key, 0) + 1
+            return
+        skipped = self._skipped.pop(key, 0)
+        self._last[key] = now
+        suffix = f" ({skipped} more like it since the last report)" if skipped else ""
+        log.warning(msg + suffix, *args)
 
 
 class TaskService:
@@ -66,6 +110,10 @@ class TaskService:
         slots: int = 1,
         clock: Callable[[], float] = time.perf_counter,
         metrics: TaskServerMetrics | None = None,
+        token: str | None = None,
+        task_grace_s: float = 2.0,
+        max_task_s: float = 300.0,
+        limits: WireLimits = DEFAULT_LIMITS,
     ) -> None:
         self.server_id = server_id
         self.queue = queue
@@ -73,6 +121,19 @@ class TaskService:
         self.slots = slots
         self.clock = clock
         self.metrics = metrics
+        self.token = token
+        """The registration token an ownership claim must prove (None: claims are open)."""
+        self.task_grace_s = task_grace_s
+        self.max_task_s = max_task_s
+        self.limits = limits
+        self.reclaimed = 0
+        """Slots the watchdog took back from tasks that ran past their budget."""
+        self.violations = 0
+        """Connections closed because the peer broke the protocol."""
+        self._throttled = _Throttled()
+        self._nonces: dict[ThriftConnection, bytes] = {}
+        """Connection -> the nonce an ownership claim on it must sign."""
+        self._watchdog: asyncio.Task[None] | None = None
         self.busy = 0
         self.tasks_done = 0
         self.draining = False
@@ -104,6 +165,7 @@ class TaskService:
 
         def on_lost(_: Exception | None) -> None:
             self._conns.discard(conn)
+            self._nonces.pop(conn, None)
             self._drop_tasks_of(conn)
             gateway_id = self._peers.pop(conn, None)
             if gateway_id is not None and gateway_id not in self._peers.values():
@@ -111,41 +173,82 @@ class TaskService:
                 if self.lease.release(gateway_id):
                     log.info("server %s: owner gateway %s went away", self.server_id, gateway_id)
 
-        conn = ThriftConnection(types, on_message, on_lost, batcher=Batcher.result())
+        conn = ThriftConnection(
+            types,
+            on_message,
+            on_lost,
+            batcher=Batcher.result(),
+            limits=self.limits,
+            on_violation=self._on_violation,
+        )
         self._conns.add(conn)
         return conn
 
+    def _on_violation(self, violation: ProtocolViolation, peer: str) -> None:
+        """A peer broke the protocol and its connection was closed: count it, log it."""
+        self.violations += 1
+        if self.metrics is not None:
+            self.metrics.wire_violation(violation.reason)
+        self._throttled.warning(
+            f"violation:{violation.reason}",
+            self.clock(),
+            "server %s: closed the connection from %s: %s",
+            self.server_id,
+            peer,
+            violation,
+        )
+
     def handle(self, conn: ThriftConnection, name: str, mtype: int, seqid: int, body: Any) -> None:
-        """Dispatch one TaskServer call."""
-        if name == "submit":
-            self.submit(conn, body.task)
-        elif name == "submit_batch":
-            for task in body.tasks or ():
-                self.submit(conn, task)
-        elif name == "cancel":
-            self.cancel(body.query_id)
-        elif name == "status":
-            conn.reply(name, seqid, self.status(conn, getattr(body, "claim", None)))
+        """Dispatch one TaskServer call; ProtocolViolation for one that breaks the contract."""
+        if name in _ONEWAY_METHODS:
+            if mtype != ONEWAY:
+                # No reply type exists for a oneway method: say so, and do not carry it out.
+                conn.reply_error(
+                    name,
+                    seqid,
+                    _INVALID_MESSAGE_TYPE,
+                    f"{name} is a oneway method: send it as a ONEWAY message",
+                )
+                return
+            if name == "submit":
+                self.submit(conn, body.task)
+            elif name == "submit_batch":
+                if type(body.tasks) is not list:
+                    raise ProtocolViolation("bad_message", "submit_batch without its tasks")
+                for task in body.tasks:
+                    self.submit(conn, task)
+            else:
+                if type(body.query_id) is not str:
+                    raise ProtocolViolation("bad_message", "cancel without a query_id string")
+                self.cancel(body.query_id)
+            return
+        if mtype != CALL:
+            raise ProtocolViolation("bad_message", f"{name} is a two-way call, sent as oneway")
+        if name == "status":
+            conn.reply(name, seqid, self.status(conn, body.claim))
         elif name == "ping":
-            conn.reply(name, seqid, body.token or "")
+            conn.reply(name, seqid, body.token if type(body.token) is str else "")
         elif name == "pipeline_state":
             published = getattr(self.executor, "published_state", None)
             conn.reply(name, seqid, published() if callable(published) else b"")
-        if mtype != ONEWAY and name in ("submit", "submit_batch", "cancel"):
-            # A stock client may send oneway methods as plain calls; answer them.
-            conn.reply(name, seqid, None)
 
     # -- the task path -------------------------------------------------------
     def submit(self, conn: ThriftConnection, task: Any) -> None:
         """Queue one task with its local deadlines; start it if a slot is free."""
+        problem = task_identity_problem(task)
+        if problem is not None:  # no result could name it: the peer is broken
+            raise ProtocolViolation("bad_message", f"submit: {problem}")
         now = self.clock()
         self.last_activity = now
         if self.draining:
             self._send(conn, task, 3, now, now, 0.0, False, error="server is draining")
             return
         if not self.lease.admits(self._peers.get(conn), now):
-            error = f"server is owned by gateway {self.lease.holder(now)} (central queueing)"
-            self._send(conn, task, 3, now, now, 0.0, False, error=error)
+            self._send(conn, task, 3, now, now, 0.0, False, error=_OWNED_ELSEWHERE)
+            return
+        problem = task_problem(task)
+        if problem is not None:
+            self._send(conn, task, 3, now, now, 0.0, False, error=f"bad task: {problem}")
             return
         try:
             queued = QueuedTask(
@@ -162,9 +265,6 @@ class TaskService:
         except QueueFull:
             self._send(conn, task, 3, now, now, 0.0, False, error="queue full")
             return
-        except TypeError as exc:  # a required field missing in a hand-made message
-            self._send(conn, task, 3, now, now, 0.0, False, error=f"bad task: {exc}")
-            return
         self._pump()
 
     def _pump(self) -> None:
@@ -173,17 +273,27 @@ class TaskService:
             dq = self.queue.pop(now)
             if dq is None:
                 return
+            inbound: _Inbound = dq.task.item
+            # What is left of the query's end-to-end SLO (T-EDFQ's key) as the task starts.
+            budget_ms = inbound.task.slo_budget_ms - (now - inbound.received_s) * 1000.0
+            limit_s = slot_limit_s(now, budget_ms, self.task_grace_s, self.max_task_s)
+            if limit_s <= now:  # its SLO plus the grace passed in the queue: nobody waits
+                self._expire(dq, now)
+                continue
             self.busy += 1
-            runner = asyncio.get_running_loop().create_task(self._run(dq, now))
-            self._running[runner] = dq.task.item
+            inbound.limit_s = limit_s
+            loop = asyncio.get_running_loop()
+            runner = loop.create_task(self._run(dq, now, budget_ms))
+            self._running[runner] = inbound
+            if self._watchdog is None:
+                self._watchdog = loop.create_task(self._watch())
 
-    async def _run(self, dq: Dequeued, dequeued_s: float) -> None:
+    async def _run(self, dq: Dequeued, dequeued_s: float, budget_ms: float) -> None:
         inbound: _Inbound = dq.task.item
+        inbound.started = True
         task = inbound.task
         status, result, error = 0, b"", None
         try:
-            # What is left of the query's end-to-end SLO (T-EDFQ's key) as the task starts.
-            budget_ms = task.slo_budget_ms - (dequeued_s - inbound.received_s) * 1000.0
             result = await self.executor.execute(task.payload or b"", budget_ms=budget_ms)
         except TaskDropped as exc:
             status, error = 4, str(exc)
@@ -196,8 +306,11 @@ class TaskService:
             log.exception("executor failed on task %s/%s", task.query_id, task.task_index)
             status, error = 1, f"internal error: {exc!r}"
         finally:
-            self.busy -= 1
-            self._running.pop(asyncio.current_task(), None)  # type: ignore[arg-type]
+            if not inbound.reclaimed:
+                self.busy -= 1
+                self._running.pop(asyncio.current_task(), None)  # type: ignore[arg-type]
+        if inbound.reclaimed:
+            return  # the watchdog gave the slot back and reported the task already
         done = self.clock()
         self.last_activity = done
         if self.metrics is not None:
@@ -255,15 +368,89 @@ class TaskService:
         with contextlib.suppress(ConnectionClosed):
             conn.send_item(res)
 
+    def _expire(self, dq: Dequeued, now: float) -> None:
+        """A task dequeued past its SLO plus the grace: FAILED without running."""
+        inbound: _Inbound = dq.task.item
+        if self.metrics is not None:
+            self.metrics.queue_wait.observe(dq.wait_s)
+            self.metrics.deadline_misses.inc()
+        self.tasks_done += 1
+        error = (
+            f"expired in the queue: its SLO budget ({inbound.task.slo_budget_ms:.0f} ms) plus "
+            f"the grace ({self.task_grace_s:g} s) passed before a slot was free"
+        )
+        self._send(inbound.conn, inbound.task, 1, inbound.received_s, now, 0.0, True, error=error)
+
+    async def _watch(self) -> None:
+        """The watchdog: every WATCH_PERIOD_S, take back the slots of overdue tasks."""
+        while True:
+            await asyncio.sleep(WATCH_PERIOD_S)
+            self.reclaim_overdue(self.clock())
+
+    def reclaim_overdue(self, now: float) -> int:
+        """Give back the slot of every task running past its budget plus the grace.
+
+        The task is reported FAILED and its runner cancelled; an executor that cannot stop
+        at once (work in a thread) finishes in the background, its result dropped. How many.
+        """
+        overdue = [(r, inb) for r, inb in self._running.items() if now >= inb.limit_s]
+        for runner, inbound in overdue:
+            inbound.reclaimed = True
+            del self._running[runner]
+            self.busy -= 1
+            self.reclaimed += 1
+            runner.cancel()
+            task = inbound.task
+            error = (
+                f"task ran past its budget ({task.slo_budget_ms:.0f} ms) plus the grace "
+                f"({self.task_grace_s:g} s): its slot was reclaimed"
+            )
+            self._throttled.warning(
+                "reclaimed",
+                now,
+                "server %s: task %s/%s %s",
+                self.server_id,
+                task.query_id,
+                task.task_index,
+                error.removeprefix("task "),
+            )
+            if self.metrics is not None:
+                self.metrics.slots_reclaimed.inc()
+            self._send(inbound.conn, task, 1, inbound.received_s, now, 0.0, False, error=error)
+        if overdue:
+            self.last_activity = now
+            if not self.draining or len(self.queue):
+                self._pump()
+            self._check_idle()
+        return len(overdue)
+
     def cancel(self, query_id: str) -> int:
         """Drop the query's queued tasks and cancel its running ones."""
         removed = self.queue.remove_query(query_id)
         self._cancel_queued(removed, "cancelled")
-        running = [r for r, inb in self._running.items() if inb.task.query_id == query_id]
-        for runner in running:
-            runner.cancel()
+        running = [(r, inb) for r, inb in self._running.items() if inb.task.query_id == query_id]
+        for runner, inbound in running:
+            self._stop_runner(runner, inbound)
         self._check_idle()
         return len(removed) + len(running)
+
+    def _stop_runner(self, runner: asyncio.Task[None], inbound: _Inbound) -> None:
+        """Cancel a running task; it reports CANCELLED (REJECTED when giving up) and frees its
+        slot from its own `finally`, or here if it has not taken its first step yet: asyncio
+        then throws the cancellation into the coroutine before any of its code runs."""
+        runner.cancel()
+        if inbound.started or inbound.reclaimed:
+            return
+        inbound.reclaimed = True  # nothing of the runner will run
+        del self._running[runner]
+        self.busy -= 1
+        status, error = (3, self._stop_reason) if self._stop_reason else (2, "cancelled")
+        now = self.clock()
+        self._send(
+            inbound.conn, inbound.task, status, inbound.received_s, now, 0.0, False, error=error
+        )
+        if not self.draining or len(self.queue):
+            self._pump()
 
     def _drop_tasks_of(self, conn: ThriftConnection) -> None:
         """A gateway's connection closed: nobody waits for its tasks any more; stop them."""
@@ -272,7 +459,7 @@ class TaskService:
         )
         for runner, inbound in list(self._running.items()):
             if inbound.conn is conn:
-                runner.cancel()
+                self._stop_runner(runner, inbound)
         self._check_idle()
 
     def _cancel_queued(self, queued: list[QueuedTask], reason: str) -> None:
@@ -285,11 +472,22 @@ class TaskService:
             )
 
     def status(self, conn: ThriftConnection | None = None, claim: Any = None) -> Any:
-        """The ServerStatus struct; a gateway's ownership claim on `conn` is handled first."""
+        """The ServerStatus struct; a gateway's ownership claim on `conn` is handled first.
+
+        The owner is named only to a connection that proved the token (and by a server
+        without one): a refused claim learns nothing about who holds the server.
+        """
         now = self.clock()
-        if conn is not None and claim is not None and claim.gateway_id:
-            self._claim(conn, claim.gateway_id, claim.lease_ms / 1000.0, now)
+        nonce = claim_error = None
+        if conn is not None:
+            nonce = self._nonces.get(conn)
+            if nonce is None:
+                nonce = self._nonces[conn] = os.urandom(NONCE_BYTES)
+            if claim is not None:
+                claim_error = self._claim(conn, claim, nonce, now)
         owner = self.lease.holder(now)
+        if conn is not None and self.token is not None and conn not in self._peers:
+            owner = None
         return self._t.ServerStatus(
             server_id=self.server_id,
             policy=str(self.queue.policy.value),
@@ -302,15 +500,35 @@ class TaskService:
             executor=self.executor.name,
             owner=owner,
             owner_lease_ms=None if owner is None else self.lease.remaining_s(now) * 1000.0,
+            claim_nonce=nonce,
+            claim_error=claim_error,
         )
 
-    def _claim(self, conn: ThriftConnection, gateway_id: str, lease_s: float, now: float) -> None:
-        """A gateway claims this server's slots (taskserver.ownership); logs a new owner."""
+    def _claim(self, conn: ThriftConnection, claim: Any, nonce: bytes, now: float) -> str | None:
+        """A gateway claims this server's slots (taskserver.ownership); why not, if refused."""
+        problem = claim_problem(claim)
+        if problem is not None:
+            return f"claim refused: {problem}"
+        gateway_id = claim.gateway_id
+        if self.token is not None and not proof_matches(
+            self.token, nonce, gateway_id, claim.lease_ms, claim.proof
+        ):
+            self._throttled.warning(
+                "claim",
+                now,
+                "server %s: refused an ownership claim from %s: no valid proof",
+                self.server_id,
+                conn.peer,
+            )
+            return "claim refused: it does not prove this server's registration token"
         self._peers[conn] = gateway_id
         before = self.lease.holder(now)
-        decision = self.lease.claim(gateway_id, lease_s, now)
+        decision = self.lease.claim(gateway_id, claim.lease_ms / 1000.0, now)
         if decision.granted and before != gateway_id:
             log.info("server %s: now owned by gateway %s", self.server_id, gateway_id)
+        if not decision.granted:
+            return "claim refused: another gateway holds this server's lease"
+        return None
 
     # -- draining and stopping -------------------------------------------------
     def _check_idle(self) -> None:
@@ -350,16 +568,18 @@ class TaskService:
             self._send(
                 inbound.conn, inbound.task, 3, inbound.received_s, now, 0.0, False, error=reason
             )
-        runners = list(self._running)
-        for r in runners:
-            r.cancel()
+        runners = list(self._running.items())
+        for r, inbound in runners:
+            self._stop_runner(r, inbound)
         if runners:
-            await asyncio.gather(*runners, return_exceptions=True)
+            await asyncio.gather(*(r for r, _ in runners), return_exceptions=True)
         return len(queued) + len(runners)
 
     async def close(self) -> None:
         """Give up on everything queued and running (REJECTED), then close the connections."""
         await self._give_up("server stopping")
+        if self._watchdog is not None:
+            self._watchdog.cancel()
         for conn in list(self._conns):
             conn.close()
         if not self._closed:
@@ -396,6 +616,9 @@ def build_service(
         executor,
         slots=config.slots,
         metrics=metrics,
+        token=config.token,
+        task_grace_s=config.task_grace_s,
+        max_task_s=config.max_task_s,
     )
 
 
@@ -459,12 +682,19 @@ async def serve(
             registration = loop.create_task(register_forever(config, address, config.slots, stop))
             background.append(registration)
         log.info(
-            "task server %s listening on %s (policy %s, %d slots)",
+            "task server %s listening on %s (policy %s, %d slots, frame check in %s)",
             config.server_id,
             address,
             config.policy,
             config.slots,
+            FRAMECHECK,
         )
+        if config.token is None:
+            log.warning(
+                "task server %s has no registration token: any client of its Thrift port can "
+                "claim it (central queueing); configure a token",
+                config.server_id,
+            )
         if ready is not None:
             ready(json.dumps(announcement))
         waits = [loop.create_task(stop.wait())]

@@ -68,15 +68,26 @@ struct ServerStatus {
   9: optional string executor,
   // The gateway that owns this server's slots (central queueing), if a lease
   // is live, and how long that lease still runs.
+  // Named only to a connection that has proved the registration token (a claim
+  // with a valid proof), or by a server that has no token.
   10: optional string owner,
   11: optional double owner_lease_ms,
+  // This connection's nonce: a claim on it signs it (OwnerClaim.proof).
+  12: optional binary claim_nonce,
+  // Why the claim sent with this call was refused; absent when it was granted
+  // or none was sent. It never names the current owner.
+  13: optional string claim_error,
 }
 
 // A gateway that keeps a central queue for this server claims its slots: one
 // owner at a time, for lease_ms after each claim (renewed by every heartbeat).
+// A server with a registration token grants only claims that prove it:
+// proof = HMAC-SHA256(token, the connection's claim_nonce, gateway_id, lease_ms),
+// see taskserver/ownership.py.
 struct OwnerClaim {
   1: required string gateway_id,
   2: required double lease_ms,
+  3: optional binary proof,
 }
 
 service TaskServer {
@@ -87,7 +98,9 @@ service TaskServer {
   oneway void cancel(1: string query_id),
   // The gateway's heartbeat. With `claim`, it also claims or renews ownership;
   // the reply's `owner` says who holds it (a server that predates claims
-  // ignores the argument and names no owner).
+  // ignores the argument and names no owner). submit, submit_batch and cancel
+  // are oneway: sent as CALLs they are answered with a TApplicationException
+  // and not carried out.
   ServerStatus status(1: optional OwnerClaim claim),
   string ping(1: string token),
   // A pipeline stage's module states (JSON: {"pipeline", "states": [...]}) for

@@ -10,10 +10,16 @@ oneway ``result`` messages and the replies of two-way calls flow back, and
 any number of tasks can be outstanding. A stock framed Thrift client can still
 call ``status`` and ``ping``.
 
+Every frame is bounds-checked before it is decoded (taskserver.framecheck): thriftpy2
+trusts declared lengths, so a 25-byte frame could otherwise declare a list of 2**31 tasks.
+A frame that fails the check, does not decode, or holds a message this side does not take
+closes the connection; the connection reports it once through ``on_violation``, for the
+owner's log and metrics.
+
 Errors::
 
     WireError                 base of everything raised here
-    ├── ProtocolViolation     a peer sent bytes that are not our Thrift messages
+    ├── ProtocolViolation     a peer sent bytes that are not our Thrift messages (.reason)
     └── ConnectionClosed      the connection is gone; outstanding calls fail
 """
 
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 import struct
 from collections.abc import Callable
@@ -34,8 +41,13 @@ from thriftpy2.protocol.cybin import TCyBinaryProtocol
 from thriftpy2.thrift import TApplicationException, TMessageType
 from thriftpy2.transport import TCyMemoryBuffer
 
+from taskserver.framecheck import WireLimits, check_frame
+
+log = logging.getLogger(__name__)
+
 IDL_PATH = Path(__file__).with_name("tailgate.thrift")
-MAX_FRAME_BYTES = 64 * 1024 * 1024
+DEFAULT_LIMITS = WireLimits()
+MAX_FRAME_BYTES = DEFAULT_LIMITS.max_frame_bytes
 _DEFAULT_BUF = 4096  # thriftpy2's own initial buffer size
 _LEN = struct.Struct("!i")
 
@@ -50,7 +62,14 @@ class WireError(Exception):
 
 
 class ProtocolViolation(WireError):
-    """The peer sent a frame that does not decode as one of our messages."""
+    """The peer sent a frame that is not one of our messages; ``reason`` says how, in one word
+    (a metric label): frame_length, header, truncated, type, string_length,
+    container_length, depth, trailing, undecodable, unexpected_message or bad_message."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
 
 
 class ConnectionClosed(WireError):
@@ -85,9 +104,13 @@ def encode_message(name: str, mtype: int, seqid: int, body: Any, size_hint: int 
 
 
 def decode_message(
-    frame: bytes, body_types: dict[tuple[str, int], type]
+    frame: bytes, body_types: dict[tuple[str, int], type], limits: WireLimits = DEFAULT_LIMITS
 ) -> tuple[str, int, int, Any]:
-    """Decode a frame's message into (name, type, seqid, body)."""
+    """Decode a frame's message into (name, type, seqid, body); ProtocolViolation if the frame
+    is not safe to decode (taskserver.framecheck) or not a message of `body_types`."""
+    refused = check_frame(frame, limits)
+    if refused is not None:
+        raise ProtocolViolation(*refused)
     proto = TCyBinaryProtocol(TCyMemoryBuffer(frame))
     try:
         name, mtype, seqid = proto.read_message_begin()
@@ -96,17 +119,20 @@ def decode_message(
         else:
             cls = body_types.get((name, mtype))
             if cls is None:
-                raise ProtocolViolation(f"unexpected message {name!r} of type {mtype}")
+                raise ProtocolViolation(
+                    "unexpected_message", f"{name!r} of type {mtype} is not taken here"
+                )
             body = cls()
         proto.read_struct(body)
         proto.read_message_end()
     except ProtocolViolation:
         raise
     except Exception as exc:  # thriftpy2 raises assorted decode errors
-        raise ProtocolViolation(f"undecodable frame: {exc}") from exc
+        raise ProtocolViolation("undecodable", str(exc)) from exc
     return name, mtype, seqid, body
 
 
+@cache
 def server_body_types() -> dict[tuple[str, int], type]:
     """What a task server receives: TaskServer calls (oneway or two-way)."""
     svc = thrift().TaskServer
@@ -118,6 +144,7 @@ def server_body_types() -> dict[tuple[str, int], type]:
     return types
 
 
+@cache
 def gateway_body_types() -> dict[tuple[str, int], type]:
     """What the gateway receives: TaskSink messages and replies to TaskServer calls."""
     sink, svc = thrift().TaskSink, thrift().TaskServer
@@ -133,6 +160,12 @@ def gateway_body_types() -> dict[tuple[str, int], type]:
 
 
 MessageHandler = Callable[[str, int, int, Any], None]
+ViolationHandler = Callable[[ProtocolViolation, str], None]
+"""Told of a frame that closed the connection: the violation and the peer's address."""
+
+
+def _log_violation(violation: ProtocolViolation, peer: str) -> None:
+    log.warning("closed the connection from %s: %s", peer, violation)
 
 
 class Batcher:
@@ -197,15 +230,21 @@ class ThriftConnection(asyncio.Protocol):
         body_types: dict[tuple[str, int], type],
         on_message: MessageHandler,
         on_lost: Callable[[Exception | None], None] | None = None,
-        max_frame_bytes: int = MAX_FRAME_BYTES,
         batcher: Batcher | None = None,
+        *,
+        limits: WireLimits = DEFAULT_LIMITS,
+        on_violation: ViolationHandler | None = None,
     ) -> None:
         self._body_types = body_types
         self._batcher = batcher
         self._items: list[Any] = []
         self._on_message = on_message
         self._on_lost = on_lost
-        self._max_frame = max_frame_bytes
+        self._limits = limits
+        self._max_frame = limits.max_frame_bytes
+        self._on_violation = on_violation or _log_violation
+        self.violation: ProtocolViolation | None = None
+        """What closed this connection, if the peer broke the protocol."""
         self._buf = bytearray()
         self._out: list[bytes] = []
         self._flush_scheduled = False
@@ -231,21 +270,47 @@ class ThriftConnection(asyncio.Protocol):
             while end - pos >= 4:
                 (size,) = _LEN.unpack_from(buf, pos)
                 if size <= 0 or size > self._max_frame:
-                    raise ProtocolViolation(f"bad frame length {size}")
+                    raise ProtocolViolation(
+                        "frame_length", f"{size} bytes (1..{self._max_frame} allowed)"
+                    )
                 if end - pos - 4 < size:
                     break
                 frame = bytes(buf[pos + 4 : pos + 4 + size])
                 pos += 4 + size
-                name, mtype, seqid, body = decode_message(frame, self._body_types)
+                name, mtype, seqid, body = decode_message(frame, self._body_types, self._limits)
                 if mtype in (REPLY, EXCEPTION):
                     self._resolve_call(seqid, mtype, body)
                 else:
+                    # A handler raises ProtocolViolation for a message that decodes but
+                    # breaks the contract (a submit without its task, ...).
                     self._on_message(name, mtype, seqid, body)
-        except ProtocolViolation:
-            del buf[:pos]
+        except ProtocolViolation as exc:
+            buf.clear()
+            self._refuse(exc)
+            return
+        except Exception:
+            # A handler bug: log it loudly, and keep the process serving its other peers.
+            log.exception("closed the connection from %s: handler failed", self.peer)
+            buf.clear()
             self.abort()
             return
         del buf[:pos]
+
+    @property
+    def peer(self) -> str:
+        """The peer's address, host:port (or "?" before or without a socket)."""
+        addr = self.transport.get_extra_info("peername") if self.transport is not None else None
+        if isinstance(addr, tuple) and len(addr) >= 2:
+            return f"{addr[0]}:{addr[1]}"
+        return "?"
+
+    def _refuse(self, violation: ProtocolViolation) -> None:
+        """Close the connection on a peer that broke the protocol, and say so once."""
+        if self.violation is None:
+            violation.__traceback__ = None  # keeps no frame (and this connection) alive
+            self.violation = violation
+            self._on_violation(violation, self.peer)
+        self.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -320,6 +385,10 @@ class ThriftConnection(asyncio.Protocol):
         """Answer a two-way call received by ``on_message``."""
         result_cls = getattr(thrift().TaskServer, f"{name}_result")
         self.send(name, REPLY, seqid, result_cls(success=success))
+
+    def reply_error(self, name: str, seqid: int, kind: int, message: str) -> None:
+        """Answer a call with a TApplicationException (kind: one of its type constants)."""
+        self.send(name, EXCEPTION, seqid, TApplicationException(kind, message))
 
     def close(self) -> None:
         """Flush what is queued and close."""

@@ -16,7 +16,8 @@
 ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
-# A compiler, for wheels PyPI lacks on a platform (thriftpy2 and uvloop on arm/v7).
+# A compiler, for wheels PyPI lacks on a platform (thriftpy2 and uvloop on arm/v7), and for
+# the frame check's C walk (taskserver/_framecheck.c; the build fails below without it).
 RUN apt-get update \
  && apt-get install -y --no-install-recommends build-essential \
  && rm -rf /var/lib/apt/lists/*
@@ -37,6 +38,7 @@ COPY loadtests loadtests
 COPY onnx_models/__init__.py onnx_models/__init__.py
 COPY taskserver taskserver
 RUN /opt/tailgate/venv/bin/pip install --no-cache-dir --no-deps . \
+ && /opt/tailgate/venv/bin/python -c "import taskserver._framecheck" \
  && /opt/tailgate/venv/bin/python -m compileall -q /opt/tailgate/venv
 
 FROM ${PYTHON_IMAGE}

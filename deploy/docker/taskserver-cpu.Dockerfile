@@ -12,6 +12,11 @@
 ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
+# A C compiler for the frame check's C walk (taskserver/_framecheck.c); the build fails
+# below if it did not build, rather than ship the slower Python walk.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends gcc libc6-dev \
+ && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY deploy/docker/constraints.txt deploy/docker/constraints.txt
 COPY pyproject.toml README.md ./
@@ -25,6 +30,7 @@ COPY taskserver taskserver
 RUN python -m venv /opt/tailgate/venv \
  && /opt/tailgate/venv/bin/pip install --no-cache-dir \
         -c deploy/docker/constraints.txt ".[onnx]" \
+ && /opt/tailgate/venv/bin/python -c "import taskserver._framecheck" \
  && /opt/tailgate/venv/bin/python -m compileall -q /opt/tailgate/venv
 
 FROM ${PYTHON_IMAGE}

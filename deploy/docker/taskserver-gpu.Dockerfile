@@ -14,8 +14,9 @@
 ARG CUDA_IMAGE=nvidia/cuda:13.0.2-cudnn-runtime-ubuntu24.04
 
 FROM ${CUDA_IMAGE} AS build
+# gcc and the Python headers for the frame check's C walk (taskserver/_framecheck.c).
 RUN apt-get update \
- && apt-get install -y --no-install-recommends python3 python3-venv \
+ && apt-get install -y --no-install-recommends python3 python3-venv python3-dev gcc libc6-dev \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY deploy/docker/constraints.txt deploy/docker/constraints.txt
@@ -30,6 +31,7 @@ COPY taskserver taskserver
 RUN python3 -m venv /opt/tailgate/venv \
  && /opt/tailgate/venv/bin/pip install --no-cache-dir \
         -c deploy/docker/constraints.txt ".[gpu]" \
+ && /opt/tailgate/venv/bin/python -c "import taskserver._framecheck" \
  && /opt/tailgate/venv/bin/python -m compileall -q /opt/tailgate/venv
 
 FROM ${CUDA_IMAGE}

@@ -56,6 +56,7 @@ from typing import Any
 
 import numpy as np
 
+from taskserver import jsonbody
 from taskserver.executors import Executor, ExecutorError, TaskDropped
 from taskserver.pard import (
     Decision,
@@ -351,7 +352,7 @@ class PipelineExecutor(Executor):
         now = self.clock()
         if answer.status == "ok" and answer.result is not None:
             try:
-                body = json.loads(answer.result)
+                body = jsonbody.loads(answer.result)
                 outputs, modules = body["outputs"], body["modules"]
             except (ValueError, KeyError, TypeError) as exc:
                 answer = PeerResult("failed", None, f"unreadable result: {exc}")

@@ -35,7 +35,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from taskserver import jsonbody
 from taskserver.executors import ExecutorError
+from taskserver.messages import result_problem
 from taskserver.pard import ModuleState
 from taskserver.wire import (
     ONEWAY,
@@ -84,9 +86,9 @@ def encode_states(pipeline: str, states: list[ModuleState]) -> bytes:
 def decode_states(pipeline: str, raw: bytes) -> list[ModuleState]:
     """Parse a ``pipeline_state`` answer; ValueError names what is wrong."""
     try:
-        body = json.loads(raw) if raw else {"pipeline": pipeline, "states": []}
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"pipeline_state: invalid JSON: {exc}") from exc
+        body = jsonbody.loads(raw) if raw else {"pipeline": pipeline, "states": []}
+    except jsonbody.JsonError as exc:
+        raise ValueError(f"pipeline_state: {exc}") from exc
     if not isinstance(body, dict) or not isinstance(body.get("states"), list):
         raise ValueError("pipeline_state: need an object with a states list")
     if body.get("pipeline") != pipeline:
@@ -257,6 +259,10 @@ class PeerLink:
     def _resolve(self, r: Any) -> None:
         fut = self._pending.get(r.query_id)
         if fut is not None and not fut.done():
+            problem = result_problem(r)
+            if problem is not None:
+                fut.set_result(PeerResult("failed", None, f"bad result from the stage: {problem}"))
+                return
             status = status_names().get(r.status, "failed")
             fut.set_result(PeerResult(status, r.result, r.error or ""))
 

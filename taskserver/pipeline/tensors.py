@@ -52,6 +52,7 @@ from typing import Any
 
 import numpy as np
 
+from taskserver import jsonbody
 from taskserver.pipeline.errors import BadPayload
 
 __all__ = [
@@ -119,9 +120,9 @@ def parse_payload(payload: bytes) -> RequestInput:
         request, raw = _split_handoff(payload)
     elif payload and payload.strip():
         try:
-            request = json.loads(payload)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise BadPayload(f"payload: invalid JSON: {exc}") from exc
+            request = jsonbody.loads(payload)
+        except jsonbody.JsonError as exc:
+            raise BadPayload(f"payload: {exc}") from exc
     if not isinstance(request, dict):
         raise BadPayload(f"payload: must be a JSON object, got {type(request).__name__}")
     known = {"image_seed", "input", "budget_ms", "top_k", "entries"}
@@ -231,9 +232,9 @@ def _split_handoff(payload: bytes) -> tuple[Any, memoryview]:
     if len(view) < start + size:
         raise BadPayload(f"payload: hand-off header of {size} bytes is cut short")
     try:
-        header = json.loads(bytes(view[start : start + size]))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BadPayload(f"payload: hand-off header: invalid JSON: {exc}") from exc
+        header = jsonbody.loads(view[start : start + size])
+    except jsonbody.JsonError as exc:
+        raise BadPayload(f"payload: hand-off header: {exc}") from exc
     if not isinstance(header, dict):
         raise BadPayload("payload: hand-off header: must be a JSON object")
     return header, view[start + size :]

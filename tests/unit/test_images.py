@@ -372,3 +372,16 @@ def test_dockerignore_keeps_the_context_small() -> None:
         assert ignored(path, patterns), path
     for path in ("gateway/app.py", "deploy/docker/constraints.txt", "pyproject.toml"):
         assert not ignored(path, patterns), path
+
+
+@pytest.mark.parametrize("dockerfile", sorted(IMAGES))
+def test_the_build_stage_compiles_the_frame_check_and_fails_without_it(dockerfile: str) -> None:
+    # Without a compiler the optional extension is skipped silently and every frame takes
+    # the Python walk, several times slower: the image build must have gcc and check it.
+    build = [
+        i for i in parse_dockerfile(DOCKER / dockerfile) if i.stage == 0 and i.keyword == "RUN"
+    ]
+    text = " ".join(i.value for i in build)
+    assert "gcc" in text or "build-essential" in text, dockerfile
+    check = 'python -c "import taskserver._framecheck"'
+    assert any("pip install" in i.value and check in i.value for i in build), dockerfile

@@ -231,7 +231,17 @@ async def test_live_task_server_and_simulator_dequeue_in_the_same_order(policy: 
 
     clock = _Clock()
     ex = _ManualExecutor(clock)
-    svc = TaskService("live", create_task_queue(policy), ex, slots=1, clock=clock)
+    # The simulator serves every task, however late; so does the server when its grace
+    # (a task dequeued past its SLO plus the grace fails unrun) exceeds the test's times.
+    svc = TaskService(
+        "live",
+        create_task_queue(policy),
+        ex,
+        slots=1,
+        clock=clock,
+        task_grace_s=1e6,
+        max_task_s=1e9,
+    )
     Task = thrift().Task
     conn = _Conn()
 

@@ -1,4 +1,5 @@
-"""The task service's drain and ownership, with an in-memory connection and a fake clock."""
+"""The task service's drain, ownership and slot watchdog, with an in-memory connection and a
+fake clock."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ import asyncio
 from typing import Any
 
 from taskserver.executors import Executor
+from taskserver.ownership import claim_proof
 from taskserver.queues import create_task_queue
-from taskserver.server import TaskService
+from taskserver.server import TaskService, slot_limit_s
 from taskserver.wire import thrift
 
 
@@ -43,6 +45,7 @@ class _Conn:
     """What the service sends back on one gateway's connection."""
 
     closed = False
+    peer = "127.0.0.1:1"
 
     def __init__(self) -> None:
         self.results: list[Any] = []
@@ -121,7 +124,7 @@ async def test_one_owner_at_a_time_takes_tasks_and_a_closed_owner_frees_the_serv
     assert svc.busy == 1 and a.results == []
     for conn in (b, stranger):
         [r] = conn.results
-        assert r.status == 3 and "owned by gateway gw-a" in r.error
+        assert r.status == 3 and "owned by another gateway" in r.error and "gw-a" not in r.error
     # The owner misses its renewals: at the lease's end the other one takes over.
     clock.t = 3.0
     assert svc.status(b, _claim("gw-b")).owner == "gw-b"  # type: ignore[arg-type]
@@ -157,3 +160,150 @@ async def test_a_closed_connections_tasks_are_stopped_and_others_go_on() -> None
     ex.release_one()
     await _settle()
     assert _fates(other) == {"o1": (0, None)}
+
+
+TOKEN = "s3cret-token"
+
+
+def _proved(conn: Any, svc: TaskService, gateway_id: str, lease_ms: float = 3000.0) -> Any:
+    """A claim that proves TOKEN on `conn` (whose nonce comes from a first status call)."""
+    nonce = svc.status(conn).claim_nonce
+    return thrift().OwnerClaim(
+        gateway_id, lease_ms, claim_proof(TOKEN, nonce, gateway_id, lease_ms)
+    )
+
+
+async def test_a_claim_without_the_token_is_refused_and_learns_nothing() -> None:
+    clock = _Clock()
+    svc = TaskService("ts", create_task_queue("fifo"), _HeldExecutor(), clock=clock, token=TOKEN)
+    owner, intruder = _Conn(), _Conn()
+    st = svc.status(owner, _proved(owner, svc, "gw-a"))  # type: ignore[arg-type]
+    assert (st.owner, st.claim_error) == ("gw-a", None)
+    # No proof, a wrong one, and the owner's own proof replayed on another connection.
+    wrong = thrift().OwnerClaim("intruder", 60_000.0, claim_proof("guess", b"x" * 16, "i", 1.0))
+    replay = _proved(owner, svc, "intruder", 60_000.0)
+    for claim in (_claim("intruder", 60_000.0), wrong, replay):
+        st = svc.status(intruder, claim)  # type: ignore[arg-type]
+        assert st.claim_error == "claim refused: it does not prove this server's registration token"
+        assert (st.owner, st.owner_lease_ms) == (None, None)  # not even who owns it
+    svc.submit(intruder, _task("qi"))  # type: ignore[arg-type]
+    [r] = intruder.results
+    assert r.status == 3 and "gw-a" not in r.error
+    # A plain status on an unproved connection does not name the owner either.
+    assert svc.status(_Conn()).owner is None  # type: ignore[arg-type]
+
+
+async def test_an_intruder_cannot_take_a_server_of_a_pool_nobody_claims() -> None:
+    svc = TaskService("ts", create_task_queue("fifo"), _HeldExecutor(), clock=_Clock(), token=TOKEN)
+    gateway, intruder = _Conn(), _Conn()
+    assert svc.status(intruder, _claim("intruder", 60_000.0)).claim_error  # type: ignore[arg-type]
+    svc.submit(gateway, _task("q1"))  # type: ignore[arg-type]  (server queueing: no claim)
+    await _settle()
+    assert svc.busy == 1 and gateway.results == []
+
+
+async def test_a_proved_claim_from_a_second_gateway_waits_for_the_lease() -> None:
+    svc = TaskService("ts", create_task_queue("fifo"), _HeldExecutor(), clock=_Clock(), token=TOKEN)
+    a, b = _Conn(), _Conn()
+    svc.status(a, _proved(a, svc, "gw-a"))  # type: ignore[arg-type]
+    st = svc.status(b, _proved(b, svc, "gw-b"))  # type: ignore[arg-type]
+    # Both prove the token: the standby may know who holds the lease.
+    assert (st.owner, st.claim_error) == (
+        "gw-a",
+        "claim refused: another gateway holds this server's lease",
+    )
+
+
+async def test_the_watchdog_reclaims_a_slot_held_past_the_budget_plus_grace() -> None:
+    clock = _Clock()
+    ex = _HeldExecutor()
+    svc = TaskService(
+        "ts", create_task_queue("fifo"), ex, clock=clock, task_grace_s=2.0, max_task_s=300.0
+    )
+    conn = _Conn()
+    svc.submit(conn, thrift().Task("q1", 0, 50.0, 100.0, 0, "A", b"{}"))  # type: ignore[arg-type]
+    svc.submit(conn, _task("q2"))  # type: ignore[arg-type]  (queued behind it)
+    await _settle()
+    assert (svc.busy, len(svc.queue)) == (1, 1)
+    clock.t = 2.0999  # 100 ms of budget + 2 s of grace not yet over
+    assert svc.reclaim_overdue(clock.t) == 0
+    clock.t = 2.1
+    assert svc.reclaim_overdue(clock.t) == 1
+    await _settle()
+    [r] = conn.results
+    assert (r.query_id, r.status) == ("q1", 1) and "slot was reclaimed" in r.error
+    assert svc.busy == 1 and len(svc.queue) == 0  # q2 took the slot back
+    assert svc.reclaimed == 1
+    ex.release_one()  # q1's executor never returns; q2's does
+    await _settle()
+    assert [x.query_id for x in conn.results] == ["q1", "q2"] and svc.busy == 0
+
+
+async def test_no_budget_holds_a_slot_longer_than_max_task_s() -> None:
+    clock = _Clock()
+    svc = TaskService(
+        "ts", create_task_queue("fifo"), _HeldExecutor(), clock=clock, max_task_s=300.0
+    )
+    conn = _Conn()
+    svc.submit(conn, thrift().Task("q", 0, 1e8, 1e8, 0, "A", b"{}"))  # type: ignore[arg-type]
+    await _settle()
+    assert svc.reclaim_overdue(299.9) == 0 and svc.reclaim_overdue(300.0) == 1
+
+
+def test_a_tasks_slot_limit_is_its_budget_left_plus_grace_capped() -> None:
+    assert slot_limit_s(10.0, 100.0, 2.0, 300.0) == 12.1
+    assert slot_limit_s(10.0, -500.0, 2.0, 300.0) == 11.5  # late: what is left of the grace
+    assert slot_limit_s(10.0, 1e9, 2.0, 300.0) == 310.0
+
+
+async def test_a_task_dequeued_past_its_slo_plus_grace_fails_without_running() -> None:
+    clock = _Clock()
+    ex = _HeldExecutor()
+    svc = TaskService("ts", create_task_queue("fifo"), ex, clock=clock, task_grace_s=2.0)
+    conn = _Conn()
+    svc.submit(conn, _task("q1"))  # type: ignore[arg-type]  (holds the slot)
+    svc.submit(conn, thrift().Task("q2", 0, 50.0, 100.0, 0, "A", b"{}"))  # type: ignore[arg-type]
+    svc.submit(conn, _task("q3"))  # type: ignore[arg-type]
+    await _settle()
+    clock.t = 2.1  # q2's SLO (100 ms) plus the grace (2 s) is over while it waits
+    ex.release_one()
+    await _settle()
+    fates = _fates(conn)
+    assert fates["q1"] == (0, None)
+    assert fates["q2"][0] == 1 and fates["q2"][1].startswith("expired in the queue")
+    assert "q3" not in fates and svc.busy == 1  # q3 runs in the slot q2 never took
+
+
+async def test_a_task_cancelled_before_its_runner_starts_frees_its_slot() -> None:
+    # The slot leak the fuzzer found: a cancel in the same tick as the submit cancels the
+    # runner before its first step, so its `finally` never ran and the slot stayed busy.
+    svc, _, _ = _service()
+    conn = _Conn()
+    svc.submit(conn, _task("q1"))  # type: ignore[arg-type]
+    svc.submit(conn, _task("q2"))  # type: ignore[arg-type]  (queued)
+    svc.cancel("q1")
+    await _settle()
+    assert _fates(conn) == {"q1": (2, "cancelled")}
+    assert (svc.busy, len(svc.queue)) == (1, 0)  # q2 runs in the freed slot
+    svc.cancel("q2")
+    await _settle()
+    assert (svc.busy, len(svc.queue)) == (0, 0)
+
+
+async def test_a_connection_lost_before_its_runner_starts_frees_its_slot() -> None:
+    svc, _, _ = _service()
+    conn = svc.protocol_factory()
+    svc.submit(conn, _task("q1"))
+    conn.connection_lost(None)
+    await _settle()
+    assert (svc.busy, len(svc.queue)) == (0, 0)
+
+
+async def test_giving_up_before_runners_start_leaves_no_slot_busy() -> None:
+    svc, _, _ = _service(slots=2)
+    conn = _Conn()
+    svc.submit(conn, _task("q1"))  # type: ignore[arg-type]
+    svc.submit(conn, _task("q2"))  # type: ignore[arg-type]
+    assert await svc.drain(timeout_s=0.0) == (0, 2)
+    assert svc.busy == 0
+    assert {q: f[0] for q, f in _fates(conn).items()} == {"q1": 3, "q2": 3}
