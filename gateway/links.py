@@ -10,6 +10,13 @@ The heartbeat is the server's ``status`` call: it measures the round trip, learn
 the server drains (it then leaves the selection until it is back), and in central
 queueing claims the server for this gateway (taskserver.ownership): a server owned by
 another gateway is connected but takes no task from this one.
+
+A server that sends nothing (no result, no heartbeat reply) for ``heartbeat_timeout_s`` is
+down at once: the connection is dropped, every task it holds fails, and it leaves the
+selection. It takes tasks again once it answers a heartbeat on a new connection; what it
+held from the old one is cancelled there when it sees that connection closed (or fails
+unrun, past its SLO plus the grace). A successful TCP connect proves nothing: the kernel
+completes it even for a stopped process.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +47,33 @@ log = logging.getLogger(__name__)
 
 _REPOLL_S = 0.05
 """After a rejected task the heartbeat asks for the status this soon (once per burst)."""
+RTT_SAMPLES = 16
+"""Heartbeat round trips the dispatch delay is estimated from: half their minimum."""
+
+
+class RoundTrips:
+    """Heartbeat round trips: smoothed for people to read, and the dispatch delay.
+
+    The dispatch delay is half the least of the last RTT_SAMPLES round trips, not of their
+    mean: a reply held up by a stalled server (SIGSTOP, a long GC pause, a reconnect that
+    waited in its listen queue) measures the stall, not the wire, and subtracted from every
+    task's budget it would turn each of them into a deadline miss. The samples outlive a
+    reconnect, so the first reply after a stall is one sample among many.
+    """
+
+    __slots__ = ("_samples", "one_way_ms", "smoothed_ms")
+
+    def __init__(self, samples: int = RTT_SAMPLES) -> None:
+        self._samples: deque[float] = deque(maxlen=samples)
+        self.one_way_ms = 0.0
+        self.smoothed_ms: float | None = None
+
+    def observe(self, rtt_ms: float) -> None:
+        """Take one round trip."""
+        s = self.smoothed_ms
+        self.smoothed_ms = rtt_ms if s is None else 0.8 * s + 0.2 * rtt_ms
+        self._samples.append(rtt_ms)
+        self.one_way_ms = min(self._samples) / 2.0
 
 
 class LinkDown(Exception):
@@ -132,9 +167,9 @@ class ServerLink:
         self.outstanding: dict[str, PendingTask] = {}
         self.queue = create_task_queue(policy) if central else None
         self.inflight = 0
-        self.one_way_ms = 0.0
-        """Estimated dispatch delay (half the ping round trip, smoothed)."""
-        self.rtt_ms: float | None = None
+        self.round_trips = RoundTrips()
+        self._last_heard_s = clock()
+        """When the server last sent anything: a result or a heartbeat reply."""
         self.tasks_sent = 0
         self.results = 0
         self._conn: ThriftConnection | None = None
@@ -146,6 +181,16 @@ class ServerLink:
         """Set to make the heartbeat ask for the status at once (a task was rejected)."""
         self._t = thrift()
         self._types = gateway_body_types()
+
+    @property
+    def one_way_ms(self) -> float:
+        """Estimated dispatch delay, spent before the server sees a task's budgets."""
+        return self.round_trips.one_way_ms
+
+    @property
+    def rtt_ms(self) -> float | None:
+        """Heartbeat round trip, smoothed (None before the first)."""
+        return self.round_trips.smoothed_ms
 
     @property
     def address(self) -> str:
@@ -267,6 +312,7 @@ class ServerLink:
     async def _heartbeat(self, conn: ThriftConnection) -> None:
         nonce: bytes | None = None
         first = True
+        self._last_heard_s = self.clock()
         # `_closing` is checked besides the cancellation close() sends: on Python 3.11 a
         # wait_for whose inner wait has just finished swallows a cancellation.
         while not conn.closed and not self._closing:
@@ -274,20 +320,30 @@ class ServerLink:
             self._poll_now.clear()
             args = self._status_args(nonce)
             claimed = args.claim is not None
+            # Down one heartbeat timeout after the server was last heard from, not after
+            # this call's own timeout: a server that stops just after answering is routed
+            # around within heartbeat_timeout_s, not heartbeat_s + heartbeat_timeout_s.
+            silent_s = start - self._last_heard_s
+            timeout_s = max(self.heartbeat_timeout_s - silent_s, _REPOLL_S)
             try:
-                st = await conn.call("status", args, self.heartbeat_timeout_s)
+                st = await conn.call("status", args, timeout_s)
             except (TimeoutError, WireError) as exc:
                 if not conn.closed:
-                    self.last_error = f"heartbeat failed: {exc or 'timeout'}"
+                    silent_s = self.clock() - self._last_heard_s
+                    self.last_error = (
+                        f"heartbeat failed: {exc}"
+                        if not isinstance(exc, TimeoutError)
+                        else f"heartbeat failed: no word from the server for {silent_s:.1f} s"
+                    )
                     log.warning("server %s: %s", self.server_id, self.last_error)
                     conn.abort()
                     self._on_lost(None)
                 return
             if self._closing:
                 return
-            rtt_ms = (self.clock() - start) * 1000.0
-            self.rtt_ms = rtt_ms if self.rtt_ms is None else 0.8 * self.rtt_ms + 0.2 * rtt_ms
-            self.one_way_ms = self.rtt_ms / 2.0
+            now = self.clock()
+            self._last_heard_s = now
+            self.round_trips.observe((now - start) * 1000.0)
             if claimed:
                 self._on_claim_answer(getattr(st, "claim_error", None))
             self._on_status(st)
@@ -470,6 +526,7 @@ class ServerLink:
         return await self._conn.call("status", self._t.TaskServer.status_args(), timeout_s)
 
     def _on_message(self, name: str, mtype: int, seqid: int, body: Any) -> None:
+        self._last_heard_s = self.clock()
         if name == "result":
             self._on_task_result(body.result)
         elif name == "result_batch":

@@ -133,6 +133,15 @@ _SERVER = {
             "description": "seconds since the server last registered or refreshed it",
         },
         "post_queue_ms": {"type": "object", "additionalProperties": {"type": "number"}},
+        "rtt_ms": {
+            "type": ["number", "null"],
+            "description": "heartbeat round trip, smoothed (null before the first)",
+        },
+        "dispatch_delay_ms": {
+            "type": "number",
+            "description": "what comes off each task's budgets for the way to the server: "
+            "half the least of the last 16 heartbeat round trips",
+        },
     },
 }
 

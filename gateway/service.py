@@ -299,6 +299,8 @@ class GatewayService:
             "tasks_sent": link.tasks_sent,
             "results": link.results,
             "rtt_ms": None if link.rtt_ms is None else round(link.rtt_ms, 4),
+            # What comes off each task's budgets for the way there (half the least recent RTT).
+            "dispatch_delay_ms": round(link.one_way_ms, 4),
             "cdf_samples": self.book.samples_seen(link.server_id) if cdf is not None else 0,
             "registered_ago_s": round(max(self.clock() - link.registered_s, 0.0), 3),
         }
