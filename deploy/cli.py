@@ -162,7 +162,11 @@ def cmd_taskserver(args: argparse.Namespace) -> int:
     if args.exit_with_parent:
         _exit_with_parent()
     stop = asyncio.Event()
-    run_async(serve(cfg, ready=_announce, executor=executor, stop=stop), stop)
+    try:
+        run_async(serve(cfg, ready=_announce, executor=executor, stop=stop), stop)
+    except OSError as exc:  # a port taken or not bindable: one line, as for the edge agent
+        print(f"tailgate taskserver: cannot listen: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

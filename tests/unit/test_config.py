@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -342,3 +343,20 @@ def test_up_starts_four_edge_agents_by_default_when_there_is_an_edge_pool(tmp_pa
     f = tmp_path / "t.toml"
     f.write_text('[[pools]]\nname = "gpu"\n')
     assert up_edge_agents(None, load_config(f, env={})) == 0
+
+
+def test_a_task_server_on_a_taken_port_says_so_in_one_line() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.run(
+            [sys.executable, "-m", "deploy.cli", "taskserver", "--id", "t", "--port", str(port)],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert proc.returncode == 1, proc.stderr
+    assert "tailgate taskserver: cannot listen:" in proc.stderr
+    assert "Traceback" not in proc.stderr
