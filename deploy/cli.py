@@ -69,7 +69,7 @@ def _load(args: argparse.Namespace) -> TailgateConfig:
 def _service_overrides(args: argparse.Namespace, spec: Any) -> Any:
     changes = {
         name: getattr(args, f"service_{name}")
-        for name in ("kind", "mean_ms", "median_ms", "sigma", "value_ms", "path", "scale")
+        for name in ("kind", "mean_ms", "median_ms", "sigma", "value_ms", "path", "scale", "tail")
         if getattr(args, f"service_{name}", None) is not None
     }
     if "kind" in changes and changes["kind"] != spec.kind:
@@ -87,6 +87,12 @@ def _add_service_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--service-value-ms", type=float)
     g.add_argument("--service-path", help="quantile file (one value in ms per line)")
     g.add_argument("--service-scale", type=float, help="time scale factor")
+    g.add_argument(
+        "--service-tail",
+        choices=["paper", "fitted"],
+        help="quantile file: exponential tail beyond the last quantile, mean last/2 (paper, "
+        "the default) or fitted to the top 1%% (fitted)",
+    )
     g.add_argument("--emulation", choices=["sleep", "spin"])
     g.add_argument("--seed", type=int)
 

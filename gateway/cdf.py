@@ -24,9 +24,11 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike
 
+from gateway.table_cdf import ConditionalTail, TableCdf
 from gateway.tail import GpdTail, fit_pot
 
 Estimate = Literal["empirical", "tail-model"]
+Tail = GpdTail | ConditionalTail
 
 LOG_FLOOR = -700.0
 """log F stored where F = 0 (below a row's smallest sample): finite, so 0 * floor = 0 for the
@@ -73,15 +75,21 @@ class LatencyCdf:
     """Smallest sample: F is 0 below it."""
     max_ms: float
     """Largest sample: the end of the empirical body."""
-    tail: GpdTail | None
+    tail: Tail | None
     """Tail above threshold_ms (already pinned to the body there), or None."""
     _knots_ms: np.ndarray = field(repr=False)
     _neg_log_sf: np.ndarray = field(repr=False)
     _mean_ms: float = field(repr=False)
 
     @classmethod
-    def from_samples(cls, samples_ms: ArrayLike, tail_fraction: float = 0.05) -> LatencyCdf:
-        """Build a snapshot from post-queuing times in milliseconds (any order)."""
+    def from_samples(
+        cls, samples_ms: ArrayLike, tail_fraction: float = 0.05, model: TableCdf | None = None
+    ) -> LatencyCdf:
+        """Build a snapshot from post-queuing times in milliseconds (any order).
+
+        With `model` (the prior the window started from, while it still holds some of it),
+        beyond the largest sample the model's shape carries on instead of a fitted GPD.
+        """
         x = np.sort(np.asarray(samples_ms, dtype=np.float64).ravel())
         n = x.size
         if n == 0:
@@ -100,14 +108,18 @@ class LatencyCdf:
         # Between samples, log P(X > x) is interpolated linearly in x: the same as a linear F
         # in the bulk, and exact for exponential tails where the top samples are far apart.
         neg_log_sf = -np.log(survival)
-        fitted = fit_pot(x, tail_fraction)
         top = float(knots[-1])
         top_survival = float(survival[-1])
-        tail = None
-        if fitted is not None and top < fitted.upper_end_ms:
-            # Empirical inside the data, model beyond it: the GPD fitted on the top
-            # tail_fraction is restarted at the largest sample, so F is continuous there.
-            tail = fitted.restarted_at(top, top_survival)
+        tail: Tail | None = None
+        if model is not None:
+            if float(model.log_survival(top)) > -math.inf:
+                tail = ConditionalTail(model, top, top_survival)
+        else:
+            fitted = fit_pot(x, tail_fraction)
+            if fitted is not None and top < fitted.upper_end_ms:
+                # Empirical inside the data, model beyond it: the GPD fitted on the top
+                # tail_fraction is restarted at the largest sample, so F is continuous there.
+                tail = fitted.restarted_at(top, top_survival)
         # Mean = integral of the survival: 1 up to the smallest sample, exponential arcs
         # between samples, and the tail (or nothing, when F jumps to 1 at the largest sample).
         mean = float(knots[0])
@@ -197,9 +209,27 @@ class Composition:
 class _Row:
     """One CDF row: a ring-buffer window of post-queuing times and its snapshot."""
 
-    __slots__ = ("cdf", "filled", "group", "members", "pending", "pos", "seen", "window")
+    __slots__ = (
+        "cdf",
+        "filled",
+        "group",
+        "members",
+        "model",
+        "pending",
+        "pos",
+        "prior",
+        "seen",
+        "window",
+    )
 
-    def __init__(self, window: np.ndarray, filled: int, cdf: LatencyCdf, group: str | None) -> None:
+    def __init__(
+        self,
+        window: np.ndarray,
+        filled: int,
+        cdf: LatencyCdf | TableCdf,
+        group: str | None,
+        model: TableCdf | None = None,
+    ) -> None:
         self.window = window
         self.filled = filled
         self.pos = filled % window.size
@@ -208,10 +238,24 @@ class _Row:
         self.cdf = cdf
         self.group = group
         self.members: set[str] = set()
+        self.model = model
+        """The model prior, while the window still holds samples of it."""
+        self.prior = filled
+        """Prior samples the window started with."""
+
+    def prior_left(self) -> int:
+        """Prior samples still in the window: online ones fill its free slots, then
+        overwrite the prior's, one by one."""
+        overwritten = max(self.seen - (self.window.size - self.prior), 0)
+        return max(self.prior - overwritten, 0)
 
 
-def _seed_window(prior_ms: ArrayLike, window_size: int) -> tuple[np.ndarray, int]:
+def _seed_window(prior_ms: ArrayLike | TableCdf, window_size: int) -> tuple[np.ndarray, int]:
     """A window holding the prior, in an order that online samples push out evenly."""
+    if isinstance(prior_ms, TableCdf):
+        # A model prior fills the window with its quantiles at the window's Hazen positions.
+        levels = (np.arange(window_size) + 0.5) / window_size
+        prior_ms = np.array([prior_ms.quantile(float(u)) for u in levels])
     prior = np.sort(np.asarray(prior_ms, dtype=np.float64).ravel())
     m = prior.size
     if m == 0:
@@ -268,9 +312,18 @@ class CdfBook:
     # ----- registration -------------------------------------------------------------------
 
     def add_server(
-        self, server_id: str, prior_ms: ArrayLike | None = None, *, group: str | None = None
+        self,
+        server_id: str,
+        prior_ms: ArrayLike | TableCdf | None = None,
+        *,
+        group: str | None = None,
     ) -> None:
-        """Register a server with its own prior row, or as a member of a shared group row."""
+        """Register a server with its own prior row, or as a member of a shared group row.
+
+        The prior is post-queuing times (an offline profile's samples), or a TableCdf: the
+        exact law, which the row's CDF is until online samples arrive, and whose shape
+        extends the window beyond its largest sample until they have replaced the prior.
+        """
         if not isinstance(server_id, str) or not server_id:
             raise ValueError(f"server_id must be a non-empty string, got {server_id!r}")
         old = self._slot_of.get(server_id)
@@ -322,7 +375,10 @@ class CdfBook:
         # samples (not per sample) keeps this hot path O(1) amortised.
         if row.pending >= self._refresh_every:
             row.pending = 0
-            row.cdf = LatencyCdf.from_samples(row.window[: row.filled], self._tail_fraction)
+            model = row.model if row.model is not None and row.prior_left() else None
+            row.cdf = LatencyCdf.from_samples(
+                row.window[: row.filled], self._tail_fraction, model=model
+            )
             self._install(slot)
             self._version += 1
 
@@ -331,7 +387,7 @@ class CdfBook:
         """Increments whenever any row's CDF snapshot or the server mapping changes."""
         return self._version
 
-    def cdf_of(self, server_id: str) -> LatencyCdf:
+    def cdf_of(self, server_id: str) -> LatencyCdf | TableCdf:
         """The current CDF snapshot of the server's row."""
         return self._row_of(server_id).cdf
 
@@ -444,10 +500,14 @@ class CdfBook:
         except KeyError as exc:
             raise KeyError(f"unknown server id {exc.args[0]!r}") from None
 
-    def _new_row(self, prior_ms: ArrayLike, group: str | None) -> int:
+    def _new_row(self, prior_ms: ArrayLike | TableCdf, group: str | None) -> int:
         window, filled = _seed_window(prior_ms, self._window_size)
-        cdf = LatencyCdf.from_samples(window[:filled], self._tail_fraction)
-        row = _Row(window, filled, cdf, group)
+        row: _Row
+        if isinstance(prior_ms, TableCdf):
+            row = _Row(window, filled, prior_ms, group, model=prior_ms)
+        else:
+            cdf = LatencyCdf.from_samples(window[:filled], self._tail_fraction)
+            row = _Row(window, filled, cdf, group)
         if self._free:
             slot = self._free.pop()
             self._rows[slot] = row
@@ -491,7 +551,7 @@ class CdfBook:
         self._capacity = capacity
 
     @staticmethod
-    def _span_ms(cdf: LatencyCdf) -> tuple[float, float]:
+    def _span_ms(cdf: LatencyCdf | TableCdf) -> tuple[float, float]:
         """Range the grid must cover for a row: its F = 0 foot to its 1 - 1e-7 level."""
         return max(cdf.min_ms, MIN_GRID_MS), cdf.quantile(1.0 - GRID_TOP_SURVIVAL)
 

@@ -45,6 +45,7 @@ from gateway.queries import (
     TaskOutcome,
 )
 from gateway.requests import QueryRequest, RegisterRequest
+from gateway.table_cdf import prior_of
 from gateway.targets import TargetPicker
 from taskserver.service_time import make_distribution
 
@@ -205,9 +206,10 @@ class GatewayService:
     def _prior(self, pool: PoolConfig) -> Any:
         prior = self._priors.get(pool.name)
         if prior is None:
+            # The offline profile (TailGuard §III.C.2): the service law plus wire overhead;
+            # a quantile table is primed as its exact model (tail included).
             dist = make_distribution(pool.prior)
-            # The offline profile (TailGuard §III.C.2): service quantiles plus wire overhead.
-            prior = [q + pool.prior_overhead_ms for q in dist.quantiles(self.config.cdf_window)]
+            prior = prior_of(dist, shift_ms=pool.prior_overhead_ms, points=self.config.cdf_window)
             self._priors[pool.name] = prior
         return prior
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -36,6 +36,7 @@ from gateway.budget import BudgetController
 from gateway.cdf import CdfBook
 from gateway.deadlines import DeadlineEstimator, SloUnreachable
 from gateway.overload import admission_controller, admission_window
+from gateway.table_cdf import prior_of
 from loadtests.sim.scenario import Scenario, SimAutoscaling
 from loadtests.sim.workload import Workload, make_workload
 from taskserver.queues import QueuedTask, create_task_queue
@@ -91,9 +92,9 @@ class SimResult:
 
 
 def build_book(scn: Scenario) -> tuple[CdfBook, list[str]]:
-    """The CDF book of the scenario's servers: one shared row per pool, from the service law."""
-    dist = make_distribution(scn.service)
-    base = np.asarray(dist.quantiles(PRIOR_POINTS))
+    """The CDF book of the scenario's servers: one shared row per pool, primed with the
+    service law itself (a quantile table is its exact model, TailGuard §IV.A: F does not
+    change over time, so the rows are never refreshed and x_p^u is the model's)."""
     overhead = scn.overhead.return_ms
     if scn.run.queueing == "central":
         overhead += scn.overhead.dispatch_ms
@@ -101,14 +102,17 @@ def build_book(scn: Scenario) -> tuple[CdfBook, list[str]]:
     ids: list[str] = []
     pools = scn.servers.pools or ()
     if not pools:
+        prior = prior_of(make_distribution(scn.service), shift_ms=overhead, points=PRIOR_POINTS)
         for i in range(scn.servers.count):
             ids.append(f"s{i}")
-            book.add_server(ids[-1], base + overhead, group="all")
+            book.add_server(ids[-1], prior, group="all")
         return book, ids
     for j, pool in enumerate(pools):
+        spec = replace(scn.service, scale=scn.service.scale * pool.service_scale)
+        prior = prior_of(make_distribution(spec), shift_ms=overhead, points=PRIOR_POINTS)
         for _ in range(pool.count):
             ids.append(f"s{len(ids)}")
-            book.add_server(ids[-1], base * pool.service_scale + overhead, group=f"pool{j}")
+            book.add_server(ids[-1], prior, group=f"pool{j}")
     return book, ids
 
 

@@ -208,3 +208,40 @@ def test_make_distribution_from_quantile_file(tailbench_dir: Path):
 def test_make_distribution_errors_name_the_field(spec, match):
     with pytest.raises(ValueError, match=match):
         make_distribution(spec)
+
+
+# The paper's Table II, x_99^u(k) in ms: the Monte-Carlo figures of the authors' simulator.
+TABLE_II = {
+    "masstree": {1: 0.212, 10: 0.247, 100: 0.473, 1000: 1.041},
+    "shore": {1: 2.117, 10: 2.721, 100: 2.829, 1000: 6.019},
+    "xapian": {1: 2.592, 10: 2.998, 100: 3.307, 1000: 7.149},
+}
+
+
+@pytest.mark.parametrize("app", sorted(TABLE_II))
+def test_the_paper_tail_is_the_default_and_gives_table_ii(tailbench_dir: Path, app: str):
+    dist = QuantileFileServiceTime.from_file(tailbench_dir / f"{app}_quantiles.txt")
+    assert dist.tail == "paper"
+    assert dist.tail_mean_ms == pytest.approx(dist.quantile(0.9999) / 2)  # last quantile / 2
+    # x_99^u(1000) lies in the tail, 2.3 tail means beyond the last quantile: within 1%
+    # of the paper's simulated figure (k = 1..100 lie inside the table).
+    exact = dist.quantile(0.99 ** (1 / 1000))
+    assert exact == pytest.approx(TABLE_II[app][1000], rel=0.01)
+    shipped = (tailbench_dir / f"{app}_unloaded_p99_by_fanout.txt").read_text().split()
+    assert exact == pytest.approx(float(shipped[999]), rel=0.01)
+
+
+def test_the_fitted_tail_stays_a_named_option(tailbench_dir: Path):
+    path = tailbench_dir / "masstree_quantiles.txt"
+    fitted = QuantileFileServiceTime.from_file(path, tail="fitted")
+    paper = QuantileFileServiceTime.from_file(path)
+    assert fitted.tail_mean_ms == pytest.approx(0.0175, rel=0.01)
+    assert paper.tail_mean_ms / fitted.tail_mean_ms > 13  # 14 times heavier
+    # Same mean to 0.1%, very different fanout tails.
+    assert fitted.mean_ms == pytest.approx(paper.mean_ms, rel=1e-3)
+    assert paper.quantile(0.99 ** (1 / 1000)) / fitted.quantile(0.99 ** (1 / 1000)) > 1.9
+    assert make_distribution(ServiceSpec(kind="quantiles", path=str(path), tail="fitted")).tail == (
+        "fitted"
+    )
+    with pytest.raises(ValueError, match=r"service\.tail: must be one of paper, fitted, got 'x'"):
+        make_distribution(ServiceSpec(kind="quantiles", path=str(path), tail="x"))

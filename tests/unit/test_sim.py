@@ -21,6 +21,7 @@ from loadtests.sim.scenario import Scenario, parse_scenario
 from taskserver.executors import Executor
 from taskserver.queues import create_task_queue
 from taskserver.server import TaskService
+from taskserver.service_time import QuantileFileServiceTime
 from taskserver.wire import thrift
 
 
@@ -45,24 +46,32 @@ def test_mm1_fifo_matches_the_closed_forms() -> None:
     assert res.utilisation == pytest.approx(0.5, rel=0.02)
 
 
-@pytest.mark.parametrize(("k", "tol"), [(1, 0.02), (10, 0.04), (100, 0.04)])
-def test_fifo_at_near_zero_load_gives_the_unloaded_p99_by_fanout(
-    tailbench_dir: Path, k: int, tol: float
+@pytest.mark.parametrize(("k", "queries"), [(1, 200_000), (10, 40_000), (100, 20_000)])
+def test_fifo_at_near_zero_load_gives_the_models_unloaded_p99_by_fanout(
+    tailbench_dir: Path, k: int, queries: int
 ) -> None:
-    # Measured over seeds 3-4 and the three apps: within +2.1% (k=1), +2.9% (k=10) and
-    # -1.8..+1.4% (k=100): the Monte Carlo error of a p99 from 10^4-10^5 queries plus the
-    # half-bin difference between the README's quantile positions (i/10000) and the
-    # reference simulator's bins centred on each entry.
-    ref = np.loadtxt(tailbench_dir / "masstree_unloaded_p99_by_fanout.txt")[k - 1]
+    # At near-zero load a query's latency is the largest of its k service times, so its
+    # p99 is the model's x_99^u(k) = F^-1(0.99^(1/k)). Judged where a sample can judge it:
+    # the share of queries within x_99^u(k) is 0.99 up to the binomial noise of `queries`
+    # (4 standard deviations); an empirical p99 from 20,000 fanout-100 queries would not
+    # be (x_99^u(100) sits where the table ends and the tail begins).
+    path = tailbench_dir / "masstree_quantiles.txt"
+    exact = QuantileFileServiceTime.from_file(path).quantile(0.99 ** (1 / k))
     scn = scenario(
         servers={"count": 100},
         fanout={"fixed": k},
-        service={"kind": "quantiles", "path": str(tailbench_dir / "masstree_quantiles.txt")},
-        run={"policy": "fifo", "queries": {1: 200_000, 10: 40_000, 100: 8_000}[k], "seed": 3},
+        service={"kind": "quantiles", "path": str(path)},
+        run={"policy": "fifo", "queries": queries, "seed": 3},
     )
-    res = simulate(scn, 0.0005)
-    assert percentile(res.latency_ms, 99) == pytest.approx(ref, rel=tol)
+    # At load 5e-4 a fanout-100 query finds one of its servers busy 5% of the time: 1e-6.
+    res = simulate(scn, 1e-6)
+    n = res.latency_ms.size
+    within = float(np.mean(res.latency_ms <= exact))
+    assert abs(within - 0.99) <= 4 * math.sqrt(0.99 * 0.01 / n), within
     assert res.miss_ratio == 0.0
+    # The authors' own Monte-Carlo figures (the shipped table) agree within 2%.
+    ref = np.loadtxt(tailbench_dir / "masstree_unloaded_p99_by_fanout.txt")[k - 1]
+    assert exact == pytest.approx(ref, rel=0.02)
 
 
 def test_same_seed_same_result_other_seed_other_result() -> None:
