@@ -106,6 +106,7 @@ ResultCallback = Callable[["ServerLink", PendingTask, Any, float], None]
 FailureCallback = Callable[["ServerLink", PendingTask, str, str], None]
 ChangeCallback = Callable[["ServerLink"], None]
 ViolationCallback = Callable[["ServerLink", ProtocolViolation], None]
+DequeueCallback = Callable[["ServerLink", PendingTask], None]
 
 
 class ServerLink:
@@ -131,6 +132,7 @@ class ServerLink:
         on_change: ChangeCallback | None = None,
         token: str | None = None,
         on_violation: ViolationCallback | None = None,
+        on_dequeue: DequeueCallback | None = None,
     ) -> None:
         self.server_id = server_id
         self.host = host
@@ -157,6 +159,9 @@ class ServerLink:
         """The registration token this gateway's ownership claims prove (central queueing)."""
         self.on_violation = on_violation
         """Told when the server broke the protocol (its connection is then closed)."""
+        self.on_dequeue = on_dequeue
+        """Central queueing: told of each task as it leaves this link's queue (its miss is
+        decided then)."""
         self.claim_error: str | None = None
         """Why the server refused this gateway's last ownership claim (None: granted)."""
         self.server_draining = False
@@ -486,6 +491,8 @@ class ServerLink:
             p.gateway_queue_ms = dq.wait_s * 1000.0
             self.inflight += 1
             self._send(p, now)
+            if self.on_dequeue is not None:
+                self.on_dequeue(self, p)
 
     def _send(self, p: PendingTask, now: float) -> None:
         assert self._conn is not None

@@ -1,8 +1,11 @@
 """Admission control in the query path: the miss-ratio window and the controller's shell.
 
-Task results feed the window (misses as the task servers report them, or as
-the gateway's own queues see them in central queueing, TailGuard §III.D);
-each new query is put to the AdmissionController with the current pressure.
+Each task's deadline outcome feeds the window when the gateway learns it (TailGuard
+§III.D): with its result from a task server (server queueing), at the dequeue from the
+gateway's own queue (central queueing). Outcomes are counted per class as they come and
+reach the window at its next read, in one step: the same as the simulator, which hands a
+decision every outcome known by the query's arrival. Each new query is put to the
+AdmissionController with the current pressure.
 A DEFER holds the query here and asks again; a REJECT becomes a 503.
 """
 
@@ -51,7 +54,9 @@ class OverloadGuard:
         self.config = config
         self.clock = clock
         self.enabled = a.policy != "none"
-        self.window = admission_window(a)
+        self._window = admission_window(a)
+        self._pending: dict[str, list[int]] = {}
+        """Per class: [misses, tasks] learned since the window was last read."""
         self._last_record = -math.inf
         classes = sorted(config.classes, key=lambda c: (c.priority, c.name))
         self.controller = admission_controller(a, [c.name for c in classes])
@@ -62,11 +67,30 @@ class OverloadGuard:
         self._tail_ratio = 0.0
         self._since_tail = 0
 
+    def note_task(self, missed: bool, cls: str) -> None:
+        """One task's deadline outcome, as the gateway learns it (cheap: a count per class)."""
+        counts = self._pending.get(cls)
+        if counts is None:
+            counts = self._pending[cls] = [0, 0]
+        counts[0] += missed
+        counts[1] += 1
+
     def record_tasks(self, misses: int, total: int, cls: str) -> None:
-        """A query's task deadline outcomes, recorded together when the query is decided."""
+        """Several tasks' outcomes of one class at once, at the current time."""
         now = self.clock()
         self._last_record = now
-        self.window.record_many(misses, total, now, cls)
+        self._window.record_many(misses, total, now, cls)
+
+    @property
+    def window(self) -> MissRatioWindow:
+        """The miss-ratio window, with every outcome learned so far."""
+        if self._pending:
+            now = self.clock()
+            for cls, (misses, total) in self._pending.items():
+                self._window.record_many(misses, total, now, cls)
+            self._pending.clear()
+            self._last_record = now
+        return self._window
 
     def record_query(self, cls: str, latency_ms: float, slo_ms: float) -> None:
         """One answered query's latency against its SLO."""
@@ -87,15 +111,16 @@ class OverloadGuard:
 
     def pressure(self, queue_pressure: float) -> Pressure:
         """The load as admission sees it now."""
+        window = self.window
         now = self.clock()
         a = self.config.admission
         if a.window_tasks > 0 and now - self._last_record > a.window_max_age_s:
             # Beyond TailGuard: rejecting stops the tasks that would refresh a count
             # window, so misses older than the max age are forgotten.
-            if self.window.count(now):
-                self.window = admission_window(a)
+            if window.count(now):
+                window = self._window = admission_window(a)
         return Pressure(
-            miss_ratio=self.window.ratio(now),
+            miss_ratio=window.ratio(now),
             queue_pressure=queue_pressure,
             tail_ratio=self._tail_ratio,
         )

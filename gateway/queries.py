@@ -78,7 +78,6 @@ class QueryRun:
         "expired",
         "failed",
         "fanout",
-        "misses",
         "outcomes",
         "query_id",
         "remaining",
@@ -99,8 +98,6 @@ class QueryRun:
         self.remaining = fanout
         self.failed = False
         self.expired = False
-        self.misses = 0
-        """Tasks of this query dequeued after their deadline."""
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def complete(self, index: int, outcome: TaskOutcome, now: float = 0.0) -> None:

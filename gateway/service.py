@@ -244,6 +244,7 @@ class GatewayService:
             heartbeat_timeout_s=self.config.heartbeat_timeout_s,
             gateway_id=self.instance_id,
             on_change=self._on_link_change,
+            on_dequeue=self._on_dequeue,
             token=self.config.token,
             on_violation=lambda lk, v: self.metrics.wire_violations.labels(
                 lk.server_id, v.reason
@@ -473,10 +474,6 @@ class GatewayService:
             "merge_ms": round((now - run.t_last) * 1000.0, 4) if not run.expired else 0.0,
         }
         headers: dict[str, str] = {}
-        ok_tasks = sum(1 for o in outcomes if o.status == OK)
-        if ok_tasks:
-            # Tasks that ran feed the window whatever became of their siblings.
-            self.guard.record_tasks(run.misses, ok_tasks, cls)
         if statuses == {OK}:
             status = 200
             outcome = "met" if body["met_slo"] else "missed_slo"
@@ -612,8 +609,10 @@ class GatewayService:
         self.metrics.task_done(link.pool, status)
         if status == OK:
             self.book.observe(link.server_id, post_queue_ms)
-            if missed:
-                p.run.misses += 1  # into the admission window once per query, in _answer
+            if not link.central:
+                # TailGuard §III.D: the miss flag comes back with the result (central
+                # queueing counted it at the dequeue, _on_dequeue).
+                self.guard.note_task(missed, p.class_name)
             if self.autoscaler is not None:
                 self.autoscaler.record_task(missed, link.pool)
             if missed:
@@ -632,6 +631,10 @@ class GatewayService:
             r.error,
         )
         p.run.complete(p.index, outcome, now)
+
+    def _on_dequeue(self, link: ServerLink, p: PendingTask) -> None:
+        """Central queueing: a task left this gateway's queue; its miss is known now."""
+        self.guard.note_task(bool(p.missed_deadline), p.class_name)
 
     def _on_failure(self, link: ServerLink, p: PendingTask, status: str, reason: str) -> None:
         self.metrics.task_done(link.pool, status)

@@ -37,6 +37,13 @@ def add_parser(sub: Any) -> None:
         help="policy to search (repeat for several; default: the scenario's)",
     )
     p.add_argument("--tol", type=float, default=0.005, help="bracket width to stop at (0.005)")
+    p.add_argument(
+        "--seeds",
+        type=int,
+        default=1,
+        help="repeat the search on this many seeds (the scenario's, then the next ones) and "
+        "report the mean with its 95%% confidence interval (1)",
+    )
     _common(p)
     p.set_defaults(func=cmd_maxload)
 
@@ -49,6 +56,19 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--queries", type=int, help="queries per run (default: per experiment)")
     p.add_argument("--apps", help="comma-separated subset of masstree,shore,xapian")
+    p.add_argument(
+        "--seeds",
+        type=int,
+        default=3,
+        help="repeat every search and run on this many seeds; tables show the mean and its "
+        "95%% confidence interval (3)",
+    )
+    p.add_argument(
+        "--no-budget",
+        action="store_true",
+        help="leave out the TF-EDFQ+budget column (run-time budget adjustment, beyond the paper)",
+    )
+    p.add_argument("--workers", type=int, default=2, help="worker processes (2)")
     p.set_defaults(func=cmd_experiment)
 
 
@@ -108,16 +128,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         print(rep.to_text())
         print(f"({elapsed:.2f} s wall, {res.tasks / max(elapsed, 1e-9) / 1e6:.2f} M tasks/s)")
-    return 0
+    return 0 if rep.verdict != "unjudged" else 3
 
 
 def cmd_maxload(args: argparse.Namespace) -> int:
     """`tailgate sim maxload`."""
     from loadtests.sim.budget import simulate_with_budget
-    from loadtests.sim.maxload import find_max_load
+    from loadtests.sim.maxload import max_load_over_seeds
 
     try:
         scn = _scenario(args)
+        if args.seeds < 1:
+            raise ConfigError("--seeds", f"must be >= 1, got {args.seeds}")
+        seeds = [scn.run.seed + i for i in range(args.seeds)]
         policies = args.policy or [scn.run.policy]
         results = {}
         for pol in policies:
@@ -129,20 +152,30 @@ def cmd_maxload(args: argparse.Namespace) -> int:
                         file=sys.stderr,
                     )
 
-            results[pol] = find_max_load(
-                scn, pol, tol=args.tol, run=simulate_with_budget, on_probe=progress
+            results[pol] = max_load_over_seeds(
+                scn, pol, seeds, tol=args.tol, run=simulate_with_budget, on_probe=progress
             )
     except (ConfigError, ValueError, OSError) as exc:
         print(f"tailgate sim: {exc}", file=sys.stderr)
         return 2
+    unjudged = [(pol, r) for pol, s in results.items() for r in s.runs if r.unjudged]
     if args.json:
-        doc: dict[str, Any] = {pol: r.max_load for pol, r in results.items()}
-        doc["details"] = {pol: r.to_json() for pol, r in results.items()}
+        doc: dict[str, Any] = {pol: s.mean for pol, s in results.items()}
+        doc["details"] = {pol: s.to_json() for pol, s in results.items()}
         print(json.dumps(doc, indent=2))
     else:
-        for pol, r in results.items():
-            print(f"{pol:>8}: max load {r.max_load:.3f} ({r.confidence()})")
-    return 0
+        for pol, s in results.items():
+            if len(s.runs) == 1:
+                print(f"{pol:>8}: max load {s.runs[0].max_load:.3f} ({s.runs[0].confidence()})")
+            else:
+                print(f"{pol:>8}: {s.summary()}")
+        for pol, r in unjudged:
+            load, warning = r.unjudged[0]
+            print(
+                f"WARNING {pol}: {len(r.unjudged)} probe(s) could not be judged, counted as "
+                f"not met (at load {load:.3f}: {warning})"
+            )
+    return 0 if not unjudged else 3
 
 
 def cmd_experiment(args: argparse.Namespace) -> int:
@@ -166,6 +199,9 @@ def cmd_experiment(args: argparse.Namespace) -> int:
             data_dir=args.data_dir,
             queries=args.queries,
             apps=args.apps.split(",") if args.apps else None,
+            seeds=args.seeds,
+            budget=not args.no_budget,
+            workers=args.workers,
         )
     except (ConfigError, ValueError, OSError) as exc:
         print(f"tailgate sim: {exc}", file=sys.stderr)

@@ -25,18 +25,15 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from admission import (
-    Action,
     MissRatioWindow,
-    Pressure,
-    QueryInfo,
     ThresholdAutoscaler,
     vertical_step,
 )
 from gateway.budget import BudgetController
 from gateway.cdf import CdfBook
 from gateway.deadlines import DeadlineEstimator, SloUnreachable
-from gateway.overload import admission_controller, admission_window
 from gateway.table_cdf import prior_of
+from loadtests.sim.events import run_with_feedback
 from loadtests.sim.scenario import Scenario, SimAutoscaling
 from loadtests.sim.workload import Workload, make_workload
 from taskserver.queues import QueuedTask, create_task_queue
@@ -67,6 +64,8 @@ class SimResult:
     """Busy time over servers x simulated time."""
     admission_rejected: int = 0
     """Of rejected_queries, those turned away by admission control."""
+    deferred: int = 0
+    """DEFER decisions admission control took (a deferred query is asked again later)."""
     budgets: dict[str, float] = field(default_factory=dict)
     """Final budget multiplier per class (1.0 without budget adjustment)."""
     scaling: list[dict[str, float]] = field(default_factory=list)
@@ -160,14 +159,14 @@ def simulate(
     policy: str | None = None,
     controller: BudgetController | None = None,
     epochs: int = 40,
-    slice_queries: int = 50,
 ) -> SimResult:
     """Run the scenario at this load under a policy (default: the scenario's).
 
-    With a BudgetController the queries are fed in `epochs` slices; after each
-    slice the controller sees every class's tail over the two slices before it
-    and rescales the budgets of the queries that follow (a run-time loop, not
-    an offline fit).
+    With admission control or autoscaling, every task's outcome reaches them when the
+    query handler would learn it (``loadtests.sim.events``). With a BudgetController the
+    queries are fed in `epochs` slices; after each slice the controller sees every class's
+    tail over the two slices before it and rescales the budgets of the queries that follow
+    (a run-time loop, not an offline fit).
     """
     policy = policy or scn.run.policy
     w = make_workload(scn, load)
@@ -194,36 +193,30 @@ def simulate(
     start = np.full(tq.size, np.nan)
     sims: dict[int, ServerSim] = {}
     budget = np.nan_to_num(base_budget)
-    unreachable = ~admitted
-    guard = _SimAdmission(scn, w, base_budget, slo_ms) if scn.admission.policy != "none" else None
+    admission_rejected = np.zeros(w.queries, dtype=bool)
     scaler = _SimScaler(scn.autoscaling) if scn.autoscaling.enabled else None
-    if controller is None and guard is None and scaler is None:
+    deferred = 0
+    if scn.admission.policy != "none" or scaler is not None:
+        if controller is not None:
+            raise ValueError(
+                "budget adjustment cannot run with admission control or autoscaling in the "
+                "simulator"
+            )
+        # Feedback loops learn each task's outcome in time: the event-driven engine.
+        fb = run_with_feedback(scn, w, policy, base_budget, slo_ms[w.cls] - base_budget, scaler)
+        start, occupy, deferred = fb.start, fb.occupy, fb.deferred
+        admitted, admission_rejected = fb.admitted, fb.admission_rejected
+        keep = admitted[tq]
+        arrays.deadline[:] = t0 + budget[tq]
+    elif controller is None:
         arrays.deadline[:] = t0 + budget[tq]
         _feed(np.flatnonzero(keep), arrays, policy, scn.servers.slots, sims, start)
     else:
-        if guard is not None or scaler is not None:
-            # Admission and scaling react between slices: keep the slices short.
-            epochs = max(epochs, w.queries // slice_queries)
         bounds = np.linspace(0, w.queries, epochs + 1).astype(np.int64)
         names = [c.name for c in scn.classes]
-        results = _ResultFeed(tq.size)
-        extra = occupy - w.task_service_ms  # wire overheads a server's speed does not change
         for e in range(epochs):
             q0, q1 = int(bounds[e]), int(bounds[e + 1])
             t_lo, t_hi = int(w.offsets[q0]), int(w.offsets[q1])
-            if guard is not None or scaler is not None:
-                now_ms = float(w.arrival_ms[q0])
-                idx = results.collect(now_ms, start, start + occupy + after, keep, t_lo)
-                missed = start[idx] > arrays.deadline[idx]
-                if guard is not None:
-                    guard.record(missed, w.cls[tq[idx]], now_ms)
-                    admitted[q0:q1] &= ~guard.decide(q0, q1, admitted[q0:q1])
-                    keep[t_lo:t_hi] = admitted[tq[t_lo:t_hi]]
-                if scaler is not None:
-                    scaler.step(missed, now_ms)
-                    occupy[t_lo:t_hi] = (
-                        w.task_service_ms[t_lo:t_hi] * scaler.scale + extra[t_lo:t_hi]
-                    )
             scale = (
                 np.array([controller.scale(n) for n in names])
                 if controller is not None
@@ -260,7 +253,8 @@ def simulate(
         tasks=int(task_measured.sum()),
         missed=int((missed_task & task_measured).sum()),
         rejected_queries=int((measured & ~admitted).sum()),
-        admission_rejected=int((measured & ~admitted & ~unreachable).sum()),
+        admission_rejected=int((measured & admission_rejected).sum()),
+        deferred=deferred,
         measured_queries=int(measured.sum()),
         utilisation=busy / (scn.servers.count * horizon),
         budgets=controller.scales if controller is not None else {},
@@ -307,27 +301,6 @@ def _window_tails(
     return tails
 
 
-class _ResultFeed:
-    """Hands out, slice by slice, the task results that have reached the handler."""
-
-    def __init__(self, tasks: int) -> None:
-        self.lo = 0  # every task before lo has been handed out or will never be
-        self.seen = np.zeros(tasks, dtype=bool)
-
-    def collect(
-        self, now_ms: float, start: np.ndarray, done: np.ndarray, keep: np.ndarray, hi: int
-    ) -> np.ndarray:
-        """Ids of tasks (index < hi) back by now_ms and not handed out before."""
-        lo = self.lo
-        new = keep[lo:hi] & ~self.seen[lo:hi] & (done[lo:hi] <= now_ms)
-        idx = lo + np.flatnonzero(new)
-        self.seen[idx] = True
-        settled = self.seen[lo:hi] | ~keep[lo:hi]
-        first_open = np.flatnonzero(~settled)
-        self.lo = lo + (int(first_open[0]) if first_open.size else hi - lo)
-        return idx
-
-
 class _SimScaler:
     """TailGuard §III.E vertical scaling of emulated servers on the virtual clock.
 
@@ -356,13 +329,15 @@ class _SimScaler:
         """Service-time multiplier of the current level."""
         return vertical_step(1.0, self.level - self.base)
 
-    def step(self, missed: np.ndarray, now_ms: float) -> None:
-        """Feed the results back since the last slice; maybe change the level."""
+    def record(self, misses: int, tasks: int, now_ms: float) -> None:
+        """Task outcomes the handler learned (misses of tasks)."""
+        self.window.record_many(misses, tasks, now_ms / 1000.0)
+
+    def decide(self, now_ms: float) -> float:
+        """Maybe change the level; the service-time multiplier from now on."""
         now_s = now_ms / 1000.0
-        if missed.size:
-            self.window.record_many(int(np.count_nonzero(missed)), int(missed.size), now_s)
         if self.window.count(now_s) < self.window_tasks:
-            return  # the window does not yet hold a full window of results since the change
+            return self.scale  # the window does not yet hold a full window since the change
         ratio = self.window.ratio(now_s)
         d = self.policy.decide(ratio, self.level, now_s)
         if d.delta:
@@ -377,71 +352,7 @@ class _SimScaler:
             )
             self.level = d.replicas
             self.window = MissRatioWindow(window_tasks=self.window_tasks)
-
-
-class _SimAdmission:
-    """TailGuard's admission control (§III.D) on the virtual clock.
-
-    Between slices of queries the window takes every task result that has
-    reached the handler by the next slice's first arrival; each query of the
-    slice is then put to the same AdmissionController the gateway runs. A
-    DEFER is counted and admitted (the simulator does not hold queries back).
-    """
-
-    def __init__(
-        self, scn: Scenario, w: Workload, budget_ms: np.ndarray, slo_ms: np.ndarray
-    ) -> None:
-        a = scn.admission
-        self.w = w
-        self.names = [c.name for c in scn.classes]
-        order = class_priorities(scn)
-        self.prio = order
-        self.ctrl = admission_controller(
-            a, [self.names[i] for i in np.argsort(order)], seed=scn.run.seed
-        )
-        self.config = a
-        self.window = admission_window(a)
-        self.unloaded_ms = slo_ms[w.cls] - budget_ms
-        self.slo_ms = slo_ms
-
-    def record(self, missed: np.ndarray, cls: np.ndarray, now_ms: float) -> None:
-        """Task results that reached the handler since the last slice."""
-        if missed.size == 0:
-            if self.config.rule != "throttle" and self.window.count(now_ms / 1000.0):
-                # Nothing came back (everything was rejected): as the gateway's
-                # window_max_age_s does, forget the stale misses, or rejection would
-                # starve the window that is to end it.
-                self.window = admission_window(self.config)
-            return
-        for ci, name in enumerate(self.names):
-            mine = cls == ci
-            n = int(np.count_nonzero(mine))
-            if n:
-                self.window.record_many(
-                    int(np.count_nonzero(missed & mine)), n, now_ms / 1000.0, name
-                )
-
-    def decide(self, q0: int, q1: int, admissible: np.ndarray) -> np.ndarray:
-        """Which queries of the slice admission control rejects."""
-        w = self.w
-        rejected = np.zeros(q1 - q0, dtype=bool)
-        now_s = float(w.arrival_ms[q0]) / 1000.0
-        pressure = Pressure(miss_ratio=self.window.ratio(now_s))
-        for i in np.flatnonzero(admissible):
-            q = q0 + int(i)
-            ci = int(w.cls[q])
-            info = QueryInfo(
-                self.names[ci],
-                int(self.prio[ci]),
-                int(w.fanout[q]),
-                float(self.slo_ms[ci]),
-                float(self.unloaded_ms[q]),
-            )
-            if self.ctrl.decide(info, pressure, float(w.arrival_ms[q]) / 1000.0).action is (
-                Action.REJECT
-            ):
-                rejected[i] = True
-        return rejected
+        return self.scale
 
 
 def _latencies(

@@ -14,6 +14,7 @@ import io
 import math
 import multiprocessing as mp
 import queue
+import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -39,6 +40,10 @@ DEFAULT_TOL = 0.01
 """Bisection bracket width: finer than the p99 noise of the rarest fanout type."""
 LOW, HIGH = 0.02, 0.98
 """Load range every bisection searches."""
+RAREST_SAMPLES = 10_000
+"""Default query counts give the rarest judged group this many samples (100 beyond p99)."""
+DEFAULT_SEEDS = 3
+"""Each search runs on this many seeds; tables show the mean and its 95% CI."""
 
 # SLO sweeps (ms). Masstree's is the product issue's; Shore's and Xapian's were
 # picked by trial runs so that max loads fall within roughly 20-60%.
@@ -81,19 +86,78 @@ class RunSummary:
         return cls(rep.result.load, rep.met, rep.classes, rep.fanout_types, pct)
 
     def class_met(self, name: str) -> bool:
-        """The class and each of its fanout types with enough samples meet the SLO."""
+        """The class and each of its fanout types were judged and meet the SLO."""
         types = self.fanout_types.get(name, {}).values()
-        return self.classes[name].met and all(t.met for t in types if t.enough)
+        return self.classes[name].verdict == "met" and all(t.verdict == "met" for t in types)
 
 
 @dataclass(frozen=True, slots=True)
 class Search:
-    """A max-load search: the load found, its bracket, the runs, the tails at the max."""
+    """A max-load search: the load found, its bracket, the runs, the tails at the max.
+
+    Over several seeds (``combine``): max_load is their mean, per_seed each seed's, the
+    bracket spans theirs, and at_max is the first seed's run at its max load.
+    """
 
     max_load: float
     bracket: tuple[float, float]
     probes: list[tuple[float, bool]]
     at_max: RunSummary | None
+    per_seed: tuple[float, ...] = ()
+    unjudged: int = 0
+    """Probes whose verdict was "unjudged" (counted as not met)."""
+    warning: str = ""
+    """The first unjudged probe's warning (which groups were too thin)."""
+
+    def ci95(self) -> float:
+        """Half-width of the 95% confidence interval of the mean over seeds (0: one seed)."""
+        return ci95(self.per_seed)
+
+    @classmethod
+    def combine(cls, searches: Sequence[Search]) -> Search:
+        """One search per seed, as one figure: the mean and its spread."""
+        if len(searches) == 1:
+            return searches[0]
+        loads = tuple(s.max_load for s in searches)
+        return cls(
+            statistics.fmean(loads),
+            (min(s.bracket[0] for s in searches), max(s.bracket[1] for s in searches)),
+            [p for s in searches for p in s.probes],
+            searches[0].at_max,
+            loads,
+            sum(s.unjudged for s in searches),
+            next((s.warning for s in searches if s.warning), ""),
+        )
+
+
+_T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
+"""Student t quantiles at 0.975 for 1..10 degrees of freedom (1.96 beyond)."""
+
+
+def ci95(values: Sequence[float]) -> float:
+    """Half-width of the 95% confidence interval of the mean of `values` (Student t)."""
+    n = len(values)
+    if n < 2:
+        return 0.0
+    t = _T95[n - 2] if n - 1 <= len(_T95) else 1.96
+    return t * statistics.stdev(values) / math.sqrt(n)
+
+
+def rarest_share(scn: Scenario) -> float:
+    """Share of the queries in the scenario's rarest judged group (class x fanout type)."""
+    shares = [c.share for c in scn.classes]
+    cls = min(shares) / sum(shares)
+    ks, ps = scn.fanout.values_and_probs()
+    edges = list(scn.fanout.edges())
+    types = [0.0] * len(edges)
+    for k, p in zip(ks, ps, strict=True):
+        types[max(i for i, e in enumerate(edges) if e <= k)] += p
+    return cls * min(t for t in types if t > 0)
+
+
+def default_queries(scn: Scenario, samples: int = RAREST_SAMPLES) -> int:
+    """Queries per run so that the rarest judged group keeps `samples` after the warm-up."""
+    return math.ceil(samples / (rarest_share(scn) * (1.0 - scn.run.warmup)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,8 +165,23 @@ class GroupSearch:
     """Max load of several groups (each class, and "all") from shared bisection probes."""
 
     brackets: dict[str, tuple[float, float]]
-    """Group -> (highest load met, lowest load above it not met)."""
+    """Group -> (highest load met, lowest load above it not met); over seeds, the mean."""
     runs: list[RunSummary]
+    per_seed: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    """Group -> each seed's highest load met (``combine``)."""
+
+    @classmethod
+    def combine(cls, searches: Sequence[GroupSearch]) -> GroupSearch:
+        """One search per seed, as one: each group's mean and the per-seed values."""
+        if len(searches) == 1:
+            return searches[0]
+        groups = list(searches[0].brackets)
+        per_seed = {g: tuple(s.brackets[g][0] for s in searches) for g in groups}
+        brackets = {
+            g: (statistics.fmean(per_seed[g]), statistics.fmean(s.brackets[g][1] for s in searches))
+            for g in groups
+        }
+        return cls(brackets, searches[0].runs, per_seed)
 
 
 # --- Jobs (run in worker processes; progress goes back through a queue) ------------------
@@ -137,7 +216,10 @@ def _search(job: int, scn: Scenario, policy: str, tol: float) -> Search:
     """Bisect the max load of one policy over [LOW, HIGH]."""
     m = find_max_load(scn, policy, lo=LOW, hi=HIGH, tol=tol, run=_runner(job))
     at_max = RunSummary.of(m.at_max) if m.at_max is not None else None
-    return Search(m.max_load, m.bracket, list(m.probes), at_max)
+    warning = m.unjudged[0][1] if m.unjudged else ""
+    return Search(
+        m.max_load, m.bracket, list(m.probes), at_max, unjudged=len(m.unjudged), warning=warning
+    )
 
 
 def _sweep_then_search(
@@ -166,7 +248,11 @@ def _sweep_then_search(
             break
     m = find_max_load(scn, policy, lo=min(lo, hi), hi=hi, tol=tol, run=cached)
     at_max = RunSummary.of(m.at_max) if m.at_max is not None else None
-    return curve, Search(m.max_load, m.bracket, list(m.probes), at_max)
+    warning = m.unjudged[0][1] if m.unjudged else ""
+    search = Search(
+        m.max_load, m.bracket, list(m.probes), at_max, unjudged=len(m.unjudged), warning=warning
+    )
+    return curve, search
 
 
 def _group_search(job: int, scn: Scenario, policy: str, tol: float) -> GroupSearch:
@@ -313,6 +399,12 @@ class Settings:
     """Also search TF-EDFQ with run-time budget adjustment (experiments 2-4)."""
     quiet: bool
     """No progress bar and no markdown on stdout."""
+    seeds: tuple[int, ...] = (1,)
+    """Seeds each search or run repeats on (its own queries each); tables show the spread."""
+
+    def seeded(self, scn: Scenario) -> list[Scenario]:
+        """The scenario on each of the seeds."""
+        return [replace(scn, run=replace(scn.run, seed=seed)) for seed in self.seeds]
 
     def scenario(self, base: Scenario, app: str) -> Scenario:
         """The base scenario with this app's service times and the query count."""
@@ -349,11 +441,18 @@ def _title(policy: str, budget: bool) -> str:
     return BUDGET_TITLE if budget else POLICY_TITLES[policy]
 
 
-def _fmt(load: float) -> str:
-    """A max load for a table; the ends of the searched range say so."""
+def _fmt(load: float, search: Search | None = None) -> str:
+    """A max load for a table; the ends of the searched range say so; ± its 95% CI."""
     if load >= HIGH:
         return f">= {HIGH:g}"
-    return f"< {LOW:g}" if load <= 0 else f"{load:.3f}"
+    if load <= 0:
+        return f"< {LOW:g}"
+    text = f"{load:.3f}"
+    if search is not None and len(search.per_seed) > 1:
+        text += f" ± {search.ci95():.3f}"
+    if search is not None and search.unjudged:
+        text += " (unjudged probes)"
+    return text
 
 
 def _gain(base: float, new: float) -> str:
@@ -411,12 +510,23 @@ def _write_searches(st: Settings, found: Found) -> None:
     for labels, s in found:
         key = list(labels.values())
         runs = len(s.probes)
+        seeds = " ".join(f"{x:.4f}" for x in s.per_seed) or f"{s.max_load:.4f}"
         search_rows.append(
-            [*key, round(s.max_load, 4), *(round(b, 4) for b in s.bracket), runs, st.queries]
+            [
+                *key,
+                round(s.max_load, 4),
+                round(s.ci95(), 4),
+                seeds,
+                *(round(b, 4) for b in s.bracket),
+                runs,
+                st.queries,
+                s.unjudged,
+            ]
         )
         tail_rows += [[*key, round(s.max_load, 4), *r] for r in _tail_rows(s.at_max)]
         probe_rows += [[*key, round(load, 4), met] for load, met in s.probes]
-    bracket = ["max_load", "bracket_lo", "bracket_hi", "runs", "queries"]
+    bracket = ["max_load", "ci95", "per_seed", "bracket_lo", "bracket_hi", "runs", "queries"]
+    bracket.append("unjudged_probes")
     write_csv(st.out_dir / "maxload.csv", [*head, *bracket], search_rows)
     write_csv(st.out_dir / "tails_at_max_load.csv", [*head, "max_load", *TAIL_HEADER], tail_rows)
     write_csv(st.out_dir / "probes.csv", [*head, "load", "met"], probe_rows)
@@ -425,17 +535,28 @@ def _write_searches(st: Settings, found: Found) -> None:
 def _max_load_table(found: Found, row_keys: Sequence[str], row_header: Sequence[str]) -> str:
     """Markdown: one row per row_keys values, one column per (policy, budget), plus the gain."""
     cols: list[tuple[str, bool]] = []
-    rows: dict[tuple[Any, ...], dict[tuple[str, bool], float]] = {}
+    rows: dict[tuple[Any, ...], dict[tuple[str, bool], Search]] = {}
     for labels, s in found:
         col = (labels["policy"], bool(labels.get("budget_adjust", False)))
         if col not in cols:
             cols.append(col)
-        rows.setdefault(tuple(labels[k] for k in row_keys), {})[col] = s.max_load
+        rows.setdefault(tuple(labels[k] for k in row_keys), {})[col] = s
     out = []
-    for key, loads in rows.items():
-        gain = _gain(loads.get(("fifo", False), 0.0), loads.get(("tf-edfq", False), 0.0))
-        out.append([*key, *[_fmt(loads[c]) if c in loads else "-" for c in cols], gain])
-    return md_table([*row_header, *[_title(*c) for c in cols], "TF-EDFQ vs FIFO"], out)
+    for key, found_here in rows.items():
+        fifo, tf = found_here.get(("fifo", False)), found_here.get(("tf-edfq", False))
+        gain = _gain(fifo.max_load if fifo else 0.0, tf.max_load if tf else 0.0)
+        cells = [
+            _fmt(found_here[c].max_load, found_here[c]) if c in found_here else "-" for c in cols
+        ]
+        out.append([*key, *cells, gain])
+    table = md_table([*row_header, *[_title(*c) for c in cols], "TF-EDFQ vs FIFO"], out)
+    thin = [s for _, s in found if s.unjudged]
+    if thin:
+        table += (
+            f"\n\n**UNJUDGED probes in {len(thin)} of {len(found)} searches** (counted as not "
+            f"met, so those max loads are lower bounds at best), e.g. {thin[0].warning}"
+        )
+    return table
 
 
 def _samples_section(per_app: dict[str, RunSummary | None]) -> str:
@@ -471,11 +592,17 @@ def _at_max_per_app(found: Found) -> dict[str, RunSummary | None]:
 
 
 def _searches(st: Settings, label: str, jobs: list[tuple[Labels, Scenario]]) -> Found:
-    """Bisect the max load of each (labels, scenario); labels name the policy."""
+    """Bisect the max load of each (labels, scenario) on every seed; labels name the policy."""
     pool = st.pool(label)
     for labels, scn in jobs:
-        pool.add(_search, (scn, labels["policy"], st.tol), _bisection_runs(HIGH - LOW, st.tol))
-    return list(zip([lab for lab, _ in jobs], pool.run(), strict=True))
+        for seeded in st.seeded(scn):
+            runs = _bisection_runs(HIGH - LOW, st.tol)
+            pool.add(_search, (seeded, labels["policy"], st.tol), runs)
+    results = pool.run()
+    n = len(st.seeds)
+    return [
+        (labels, Search.combine(results[i * n : (i + 1) * n])) for i, (labels, _) in enumerate(jobs)
+    ]
 
 
 # --- Registry and entry point ------------------------------------------------------------
@@ -488,7 +615,8 @@ class Experiment:
     name: str
     title: str
     queries: int
-    """Default queries per simulation (enough samples beyond p99 in the rarest group)."""
+    """Default queries per simulation; 0: enough for RAREST_SAMPLES in the scenario's rarest
+    judged group (default_queries)."""
     apps: tuple[str, ...]
     """Applications it runs."""
     body: Callable[[Settings, Any], list[str]]
@@ -511,35 +639,35 @@ EXPERIMENTS: dict[str, Experiment] = {
         Experiment(
             "fanout-single-class",
             "max load vs p99 SLO, one class, k_f 1/10/100, FIFO vs TF-EDFQ",
-            400_000,
+            0,
             APPS,
             lambda st, base: _fanout("fanout_single_class", st, base),
         ),
         Experiment(
             "fanout-two-classes",
             "max load, two classes (x, 1.5x), Poisson and Pareto, all four policies",
-            300_000,
+            0,
             APPS,
             lambda st, base: _fanout("fanout_two_classes", st, base),
         ),
         Experiment(
             "fixed-fanout-two-classes",
             "per-class p99 vs load and max load, k_f = N = 100, two classes",
-            20_000,
+            0,
             APPS,
             lambda st, base: _fanout("fixed_fanout_two_classes", st, base),
         ),
         Experiment(
             "mixed-fanout-four-classes",
             "max load per class, N = 1000, k_f uniform on 1..1000, four classes (Masstree)",
-            8_000,
+            0,
             ("masstree",),
             lambda st, base: _fanout("mixed_fanout_four_classes", st, base),
         ),
         Experiment(
             "admission",
             "admission control: admitted p99 and accepted load vs offered load, k_f = N = 100",
-            40_000,
+            0,
             ("masstree",),
             lambda st, base: _overload("admission", st, base),
         ),
@@ -605,6 +733,7 @@ def run_experiment(
     workers: int = 2,
     budget: bool = True,
     quiet: bool = False,
+    seeds: int = DEFAULT_SEEDS,
 ) -> Path:
     """Run a named experiment into OUT/NAME/ and print its tables; the markdown file's path."""
     if name not in EXPERIMENTS:
@@ -625,13 +754,16 @@ def run_experiment(
     runnable = tuple(a for a in chosen if a in exp.apps)
     if not runnable:
         raise ValueError(f"apps: {name} runs only {', '.join(exp.apps)}, got {', '.join(chosen)}")
-    n = exp.queries if queries is None else queries
+    if seeds < 1:
+        raise ValueError(f"seeds: must be >= 1, got {seeds}")
     if exp.pool:
         from loadtests.sim.pool import load_pool_scenario
 
         base: Any = load_pool_scenario(exp.scenario_path)
+        n = exp.queries if queries is None else queries
     else:
         base = load_scenario(exp.scenario_path)
+        n = queries if queries is not None else exp.queries or default_queries(base)
         base = replace(base, run=replace(base.run, queries=n))  # RunSpec checks n first
     st = Settings(
         out_dir=Path(out) / name,
@@ -642,6 +774,7 @@ def run_experiment(
         workers=max(1, workers),
         budget=budget,
         quiet=quiet,
+        seeds=tuple(_first_seed(base) + i for i in range(seeds)),
     )
     for app in runnable:
         if exp.pool:
@@ -658,6 +791,12 @@ def run_experiment(
     if not quiet:
         print(text)
     return md
+
+
+def _first_seed(base: Any) -> int:
+    """The scenario's own seed (a pool scenario has none: 1)."""
+    run = getattr(base, "run", None)
+    return int(run.seed) if run is not None else 1
 
 
 def _markdown(exp: Experiment, st: Settings, base: Any, sections: list[str], wall_s: float) -> str:

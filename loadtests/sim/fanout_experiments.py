@@ -22,8 +22,10 @@ from loadtests.sim.experiments import (
     TAIL_HEADER,
     TWO_CLASS_SLOS_MS,
     Found,
+    GroupSearch,
     Labels,
     RunSummary,
+    Search,
     Settings,
     _at_max_per_app,
     _bisection_runs,
@@ -37,6 +39,7 @@ from loadtests.sim.experiments import (
     _tail_rows,
     _title,
     _write_searches,
+    ci95,
     md_table,
     with_budget,
     with_slos,
@@ -159,16 +162,25 @@ def fixed_fanout_two_classes(st: Settings, base: Scenario) -> list[str]:
         slos = dict(zip(("slo_I_ms", "slo_II_ms"), FIXED_FANOUT_SLOS_MS[app], strict=True))
         for pol, budget in st.columns(policies):
             labels.append({"app": app, **slos, "policy": pol, "budget_adjust": budget})
-            if budget:  # without a sweep: keep the extra column cheap
-                pool.add(_search, (with_budget(scn), pol, st.tol), _bisection_runs(0.96, st.tol))
-            else:
-                pool.add(_sweep_then_search, (scn, pol, SWEEP_LOADS, st.tol), sweep_runs)
+            for j, seeded in enumerate(st.seeded(scn)):
+                if budget:  # without a sweep: keep the extra column cheap
+                    runs = _bisection_runs(0.96, st.tol)
+                    pool.add(_search, (with_budget(seeded), pol, st.tol), runs)
+                elif j == 0:  # the first seed also draws the p99-vs-load curves
+                    pool.add(_sweep_then_search, (seeded, pol, SWEEP_LOADS, st.tol), sweep_runs)
+                else:
+                    pool.add(_search, (seeded, pol, st.tol), _bisection_runs(0.96, st.tol))
     found: Found = []
     curves: dict[tuple[str, str], list[RunSummary]] = {}
-    for lab, out in zip(labels, pool.run(), strict=True):
-        if isinstance(out, tuple):
-            curves[(lab["app"], lab["policy"])], out = out
-        found.append((lab, out))
+    results = pool.run()
+    n = len(st.seeds)
+    for i, lab in enumerate(labels):
+        searches: list[Search] = []
+        for out in results[i * n : (i + 1) * n]:
+            if isinstance(out, tuple):
+                curves[(lab["app"], lab["policy"])], out = out
+            searches.append(out)
+        found.append((lab, Search.combine(searches)))
     _write_searches(st, found)
 
     curve_rows, class_rows = [], []
@@ -231,8 +243,13 @@ def mixed_fanout_four_classes(st: Settings, base: Scenario) -> list[str]:
     scn = st.scenario(base, "masstree")
     runs = _bisection_runs(HIGH - LOW, st.tol) + 3 * (len(scn.classes) - 1)
     for pol, budget in cols:
-        pool.add(_group_search, (with_budget(scn, budget), pol, st.tol), runs)
-    found = dict(zip([_title(*c) for c in cols], pool.run(), strict=True))
+        for seeded in st.seeded(scn):
+            pool.add(_group_search, (with_budget(seeded, budget), pol, st.tol), runs)
+    results = pool.run()
+    n = len(st.seeds)
+    found = {
+        _title(*c): GroupSearch.combine(results[i * n : (i + 1) * n]) for i, c in enumerate(cols)
+    }
 
     slo = {c.name: c.slo_ms for c in scn.classes}
     names = {**{g: f"class {g}" for g in slo}, "all": "all classes"}
@@ -241,7 +258,16 @@ def mixed_fanout_four_classes(st: Settings, base: Scenario) -> list[str]:
     for (pol, budget), (title, gs) in zip(cols, found.items(), strict=True):
         for g, (lo, hi) in gs.brackets.items():
             max_rows.append([pol, budget, g, slo.get(g, ""), round(lo, 4), round(hi, 4)])
-        table.append([title, *[_fmt(lo) for lo, _ in gs.brackets.values()]])
+        table.append(
+            [
+                title,
+                *[
+                    _fmt(lo)
+                    + (f" ± {ci95(gs.per_seed[g]):.3f}" if len(gs.per_seed.get(g, ())) > 1 else "")
+                    for g, (lo, _) in gs.brackets.items()
+                ],
+            ]
+        )
         ordered = sorted(gs.runs, key=lambda s: s.load)
         for s in ordered:
             run_rows += [[pol, budget, round(s.load, 4), *r] for r in _tail_rows(s)]

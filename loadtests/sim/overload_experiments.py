@@ -1,13 +1,18 @@
 """Experiments on overload: admission control, vertical autoscaling, and Swayam vs thresholds.
 
-- ``admission`` (TailGuard §III.D): the fixed-fanout two-class Masstree scenario at offered
-  loads 40-90%, without admission, with the paper's reject-all rule and with our throttle;
-  per-class p99 of admitted queries, accepted load and its gap to the max load found
-  without admission. R_cth^U is calibrated first: the miss ratio measured without
-  admission at `CALIBRATION_MARGIN` of that max load (the paper sets thresholds "offline
-  through measurement"; the margin is ours).
-- ``autoscale`` (TailGuard §III.E): the same scenario with offered load 50% → 60% → 50%,
-  vertical scaling on R_sth^U / R_sth^L; p99, miss ratio and service speed over time.
+- ``admission`` (TailGuard §III.D, §IV.D Fig. 8): the fixed-fanout two-class Masstree
+  scenario at offered loads 40-100%, without admission, with the paper's reject-all rule
+  and with our throttle; per-class p99 of admitted queries, accepted load and its gap to
+  the max load found without admission. R_cth^U is calibrated as the paper does: the
+  miss ratio without admission at that max load. Reject-all acts on the paper's moving
+  *time* window (a count window stops moving once everything is rejected); its length is
+  the time the scenario's count window takes to fill at the max load, and a second table
+  shows how the rule behaves with shorter windows at the heaviest load. Every figure is
+  the mean over seeds with its 95% confidence interval; the event-driven engine
+  (``loadtests.sim.events``) hands each decision every outcome known by its arrival.
+- ``autoscale`` (TailGuard §III.E, §IV.E Fig. 9): the same scenario with offered load
+  50% → 60% → 50%, vertical scaling on R_sth^U / R_sth^L; p99, miss ratio and service speed
+  over time, per phase over seeds.
 - ``swayam`` (Swayam §4): one pool under a 2x burst, Swayam's model-based scale-out with
   passive scale-in against the threshold autoscaler (`loadtests.sim.pool`).
 """
@@ -15,6 +20,8 @@
 from __future__ import annotations
 
 import itertools
+import math
+import statistics
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -25,14 +32,11 @@ from gateway.config import AdmissionConfig
 from loadtests.sim.engine import SimResult, simulate
 from loadtests.sim.report import percentile, report
 
-ADMISSION_LOADS = (0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
-CALIBRATION_MARGIN = 0.95
-"""R_cth^U = the miss ratio without admission at this fraction of the max load."""
+ADMISSION_LOADS = (0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 RULES = ("none", "reject-all", "throttle")
 RULE_TITLES = {"none": "no admission", "reject-all": "reject-all (paper)", "throttle": "throttle"}
-SLICE_QUERIES = {"none": 50, "reject-all": 50, "throttle": 200}
-"""Queries between two admission decisions' feedback in the simulator: reject-all reacts
-to every change of the window, so it gets short slices; the throttle steps every 0.3 s."""
+WINDOW_FRACTIONS = (1 / 30, 1 / 10, 1 / 3, 1.0)
+"""Reject-all at the heaviest load with time windows of these fractions of the main one."""
 TIMELINE_BIN_S = 0.5
 """Width of the time bins of the autoscale experiment's series."""
 
@@ -47,7 +51,7 @@ def _tick(job: int) -> None:
 
 
 def _run_row(scn: Any, load: float, rule: str) -> dict[str, Any]:
-    res = simulate(scn, load, slice_queries=SLICE_QUERIES[rule])
+    res = simulate(scn, load)
     rep = report(res)
     row: dict[str, Any] = {
         "rule": rule,
@@ -65,14 +69,21 @@ def _run_row(scn: Any, load: float, rule: str) -> dict[str, Any]:
     return row
 
 
+def _rule_scenario(scn: Any, rule: str, threshold: float, window_s: float) -> Any:
+    """The scenario under one rule: none, reject-all on a time window, or the throttle."""
+    if rule == "none":
+        return replace(scn, admission=AdmissionConfig(policy="none"))
+    a = replace(scn.admission, rule=rule, threshold=threshold)
+    if rule == "reject-all":
+        a = replace(a, window_tasks=0, window_s=window_s)
+    return replace(scn, admission=a)
+
+
 def _admission_curve(
-    job: int, scn: Any, rule: str, threshold: float, loads: tuple[float, ...]
+    job: int, scn: Any, rule: str, threshold: float, window_s: float, loads: tuple[float, ...]
 ) -> list[dict[str, Any]]:
     """Every offered load under one rule (none, reject-all or throttle)."""
-    if rule == "none":
-        run_scn = replace(scn, admission=AdmissionConfig(policy="none"))
-    else:
-        run_scn = replace(scn, admission=replace(scn.admission, rule=rule, threshold=threshold))
+    run_scn = _rule_scenario(scn, rule, threshold, window_s)
     rows = []
     for load in loads:
         rows.append(_run_row(run_scn, load, rule))
@@ -80,11 +91,26 @@ def _admission_curve(
     return rows
 
 
-def _calibrate(job: int, scn: Any, load: float) -> float:
-    """The miss ratio without admission at this load."""
-    res = simulate(replace(scn, admission=AdmissionConfig(policy="none")), load)
+def _calibrate(job: int, scn: Any, tol: float) -> tuple[float, float]:
+    """(max load without admission, R_cth^U: the miss ratio without admission there)."""
+    from loadtests.sim import experiments as ex
+    from loadtests.sim.maxload import find_max_load
+
+    bare = replace(scn, admission=AdmissionConfig(policy="none"))
+    m = find_max_load(bare, "tf-edfq", lo=ex.LOW, hi=ex.HIGH, tol=tol, run=ex._runner(job))
+    res = simulate(bare, m.max_load) if m.max_load > 0 else None
     _tick(job)
-    return res.miss_ratio
+    return m.max_load, (res.miss_ratio if res is not None else math.nan)
+
+
+def _window_s(scn: Any, max_load: float) -> float:
+    """Seconds the scenario's count window of tasks takes to fill at the max load."""
+    from loadtests.sim.workload import make_workload
+
+    w = make_workload(scn, max_load)
+    span_ms = float(w.arrival_ms[-1] - w.arrival_ms[0])
+    tasks_per_ms = w.tasks / span_ms
+    return scn.admission.window_tasks / tasks_per_ms / 1000.0
 
 
 def _autoscale_run(job: int, scn: Any, load: float, on: bool) -> dict[str, Any]:
@@ -161,57 +187,104 @@ def admission(st: Any, base: Any) -> list[str]:
     from loadtests.sim import plots
 
     scn = st.scenario(base, "masstree")
-    pool = st.pool("admission: max load without admission")
-    pool.add(
-        ex._search,
-        (replace(scn, admission=AdmissionConfig(policy="none")), "tf-edfq", st.tol),
-        ex._bisection_runs(ex.HIGH - ex.LOW, st.tol),
-    )
-    (search,) = pool.run()
-    max_load = search.max_load
-    pool = st.pool("admission: calibration")
-    pool.add(_calibrate, (scn, CALIBRATION_MARGIN * max_load), 1)
-    (threshold,) = pool.run()
+    seeded = st.seeded(scn)
+    pool = st.pool("admission: max load without admission and R_cth^U")
+    for s in seeded:
+        pool.add(_calibrate, (s, st.tol), ex._bisection_runs(ex.HIGH - ex.LOW, st.tol) + 1)
+    calib = pool.run()
+    windows = [_window_s(s, m) if m > 0 else 0.1 for s, (m, _) in zip(seeded, calib, strict=True)]
     pool = st.pool("admission: offered-load sweeps")
-    for rule in RULES:
-        pool.add(_admission_curve, (scn, rule, threshold, ADMISSION_LOADS), len(ADMISSION_LOADS))
-    curves = dict(zip(RULES, pool.run(), strict=True))
-
+    for s, (_, thr), win in zip(seeded, calib, windows, strict=True):
+        for rule in RULES:
+            pool.add(_admission_curve, (s, rule, thr, win, ADMISSION_LOADS), len(ADMISSION_LOADS))
+        top = ADMISSION_LOADS[-1:]
+        for f in WINDOW_FRACTIONS[:-1]:
+            pool.add(_admission_curve, (s, "reject-all", thr, win * f, top), 1)
+    out = pool.run()
+    per = len(RULES) + len(WINDOW_FRACTIONS) - 1
+    curves: dict[str, list[list[dict[str, Any]]]] = {r: [] for r in RULES}
+    short: dict[float, list[dict[str, Any]]] = {f: [] for f in WINDOW_FRACTIONS}
+    for k in range(len(seeded)):
+        block = out[k * per : (k + 1) * per]
+        for rule, rows in zip(RULES, block[: len(RULES)], strict=True):
+            curves[rule].append(rows)
+        short[1.0].append(block[RULES.index("reject-all")][-1])
+        for f, rows in zip(WINDOW_FRACTIONS[:-1], block[len(RULES) :], strict=True):
+            short[f].append(rows[0])
+    max_loads = [m for m, _ in calib]
+    max_load = statistics.fmean(max_loads)
+    threshold = statistics.fmean(t for _, t in calib)
     names = [c.name for c in scn.classes]
+
+    def pm(values: list[float], fmt: str = ".3f") -> str:
+        text = format(statistics.fmean(values), fmt)
+        return text + (f" ± {ex.ci95(values):{fmt}}" if len(values) > 1 else "")
+
     header = ["rule", "offered", "accepted", "gap to max", "miss ratio"]
     header += [f"p99 {n} (SLO {c.slo_ms:g} ms)" for n, c in zip(names, scn.classes, strict=True)]
-    header += ["all met"]
-    rows, csv_rows = [], []
-    for rule, curve in curves.items():
-        for r in curve:
-            gap = (max_load - r["accepted_load"]) / max_load if max_load > 0 else float("nan")
-            # Below the max load nothing should be turned away: the gap is not a figure there.
-            gap_cell = f"{gap:+.1%}" if r["offered_load"] >= max_load else "-"
-            cells = [f"{r[f'p99_{n}_ms']:.3f}" + ("" if r[f"met_{n}"] else " ✗") for n in names]
+    header += ["seeds meeting both"]
+    rows, csv_rows, mean_curves = [], [], {}
+    for rule, per_seed in curves.items():
+        mean_curves[rule] = []
+        for i, load in enumerate(ADMISSION_LOADS):
+            at = [curve[i] for curve in per_seed]
+            acc = [r["accepted_load"] for r in at]
+            gaps = [(m - a) / m for a, m in zip(acc, max_loads, strict=True) if m > 0]
+            gap_cell = pm(gaps, "+.1%") if load >= max_load and gaps else "-"
+            cells = []
+            for n in names:
+                p99 = [r[f"p99_{n}_ms"] for r in at]
+                missed = sum(not r[f"met_{n}"] for r in at)
+                cells.append(pm(p99) + (f" ✗{missed}" if missed else ""))
+            met = sum(r["all_met"] for r in at)
             rows.append(
                 [
                     RULE_TITLES[rule],
-                    f"{r['offered_load']:.1f}",
-                    f"{r['accepted_load']:.3f}",
+                    f"{load:.1f}",
+                    pm(acc),
                     gap_cell,
-                    f"{r['miss_ratio']:.2%}",
+                    pm([r["miss_ratio"] for r in at], ".2%"),
                     *cells,
-                    "yes" if r["all_met"] else "no",
+                    f"{met}/{len(at)}",
                 ]
             )
-            csv_rows.append([rule, *(r[k] for k in sorted(r) if k != "rule"), gap])
-    keys = sorted(k for k in curves["none"][0] if k != "rule")
-    ex.write_csv(st.out_dir / "admission.csv", ["rule", *keys, "gap_to_max_load"], csv_rows)
+            for seed, r in zip(st.seeds, at, strict=True):
+                csv_rows.append([rule, seed, *(r[k] for k in sorted(r) if k != "rule")])
+            mean_curves[rule].append(
+                {
+                    "offered_load": load,
+                    "accepted_load": statistics.fmean(acc),
+                    **{
+                        f"p99_{n}_ms": statistics.fmean(r[f"p99_{n}_ms"] for r in at) for n in names
+                    },
+                }
+            )
+    keys = sorted(k for k in curves["none"][0][0] if k != "rule")
+    ex.write_csv(st.out_dir / "admission.csv", ["rule", "seed", *keys], csv_rows)
+    win_rows = []
+    for f in WINDOW_FRACTIONS:
+        at = short[f]
+        win = [w * f for w in windows]
+        cells = [pm([r[f"p99_{n}_ms"] for r in at]) for n in names]
+        win_rows.append(
+            [
+                f"{statistics.fmean(win) * 1000:.1f}",
+                pm([r["accepted_load"] for r in at]),
+                pm([r["miss_ratio"] for r in at], ".2%"),
+                *cells,
+                f"{sum(r['all_met'] for r in at)}/{len(at)}",
+            ]
+        )
     panels: dict[str, dict[str, Any]] = {}
     for n, c in zip(names, scn.classes, strict=True):
         panels[f"class {n}: p99 of admitted queries"] = {
             RULE_TITLES[rule]: ([(r["offered_load"], r[f"p99_{n}_ms"]) for r in curve], c.slo_ms)
-            for rule, curve in curves.items()
+            for rule, curve in mean_curves.items()
         }
     plots.curves_with_slo(
         st.out_dir / "p99_vs_offered_load.png",
         panels,
-        title="Admission control, k_f = N = 100 (dashed: SLOs)",
+        title="Admission control, k_f = N = 100 (dashed: SLOs; means over seeds)",
         xlabel="offered load",
         ylabel="p99 latency (ms)",
     )
@@ -221,7 +294,7 @@ def admission(st: Any, base: Any) -> list[str]:
             "accepted load": {
                 **{
                     RULE_TITLES[rule]: [(r["offered_load"], r["accepted_load"]) for r in curve]
-                    for rule, curve in curves.items()
+                    for rule, curve in mean_curves.items()
                 },
                 "max load without admission": [
                     (ADMISSION_LOADS[0], max_load),
@@ -229,28 +302,40 @@ def admission(st: Any, base: Any) -> list[str]:
                 ],
             }
         },
-        title="Accepted load vs offered load",
+        title="Accepted load vs offered load (means over seeds)",
         xlabel="offered load",
         ylabel="accepted load",
         ncols=1,
     )
-    over = [r for r in curves["throttle"] if r["offered_load"] >= max_load]
-    worst_gap = max(
-        ((max_load - r["accepted_load"]) / max_load for r in over), default=float("nan")
-    )
     a = scn.admission
+    ml = [f"{m:.3f}" for m in max_loads]
+    th = [f"{t:.4f}" for _, t in calib]
     return [
-        "## Calibration\n\n"
-        f"Max load without admission (TF-EDFQ, bisection to {st.tol:g}): **{max_load:.3f}** "
-        f"(bracket {search.bracket[0]:.3f}-{search.bracket[1]:.3f}). Miss ratio without "
-        f"admission at {CALIBRATION_MARGIN:.0%} of it: R_cth^U = **{threshold:.4f}**, used by "
-        f"both rules. Window: {a.window_tasks:,} tasks; throttle step every "
-        f"{a.throttle_interval_s:g} s with gain {a.throttle_gain:g}.",
+        "## Calibration (per seed)\n\n"
+        f"Max load without admission (TF-EDFQ, bisection to {st.tol:g}): "
+        f"{', '.join(ml)} (mean **{max_load:.3f}**). R_cth^U, the miss ratio without admission "
+        f"at that max load (TailGuard §III.D: set offline through measurement): "
+        f"{', '.join(th)} (mean **{threshold:.4f}**). Reject-all's moving time window: the "
+        f"time {a.window_tasks:,} tasks take at the max load, "
+        f"{statistics.fmean(windows) * 1000:.0f} ms; the throttle keeps the count window of "
+        f"{a.window_tasks:,} tasks and steps every {a.throttle_interval_s:g} s with gain "
+        f"{a.throttle_gain:g}.",
         "## Admitted queries and accepted load\n\n"
-        "`✗`: the class misses its SLO. Gap (offered loads at or above the max load): "
-        "(max load - accepted load) / max load. "
-        f"Throttle, offered loads at or above the max load: worst gap **{worst_gap:.1%}**.\n\n"
-        + ex.md_table(header, rows),
+        f"Means over {len(st.seeds)} seeds ± the 95% confidence interval of the mean. `✗n`: the "
+        "class misses its SLO on n seeds. Gap (offered loads at or above the max load): (max "
+        "load - accepted load) / max load.\n\n" + ex.md_table(header, rows),
+        "## Reject-all and the length of its window\n\n"
+        f"Offered load {ADMISSION_LOADS[-1]:g}; the same calibrated R_cth^U.\n\n"
+        + ex.md_table(
+            [
+                "window ms",
+                "accepted",
+                "miss ratio",
+                *[f"p99 {n}" for n in names],
+                "seeds meeting both",
+            ],
+            win_rows,
+        ),
     ]
 
 
@@ -265,28 +350,37 @@ def autoscale(st: Any, base: Any) -> list[str]:
 
     scn = st.scenario(base, "masstree")
     pool = st.pool("autoscale")
-    for on in (False, True):
-        pool.add(_autoscale_run, (scn, AUTOSCALE_LOAD, on), 1)
-    off, on = pool.run()
+    for seeded in st.seeded(scn):
+        for on_ in (False, True):
+            pool.add(_autoscale_run, (seeded, AUTOSCALE_LOAD, on_), 1)
+    done = pool.run()
+    offs, ons = done[0::2], done[1::2]
+    off, on = offs[0], ons[0]  # the first seed's series for the timeline and plots
     a = scn.autoscaling
     names = [c.name for c in scn.classes]
     loads = [AUTOSCALE_LOAD * m for m in scn.arrivals.phases] or [AUTOSCALE_LOAD]
+
+    def pm(values: list[float], fmt: str = ".3f") -> str:
+        text = format(statistics.fmean(values), fmt)
+        return text + (f" ± {ex.ci95(values):{fmt}}" if len(values) > 1 else "")
+
     rows = []
-    for label, run in (("off", off), ("on", on)):
-        for ph in run["phases"]:
-            i = ph["phase"] - 1
-            cells = [
-                f"{ph[f'p99_{n}_ms']:.3f}" + ("" if ph[f"p99_{n}_ms"] <= c.slo_ms else " ✗")
-                for n, c in zip(names, scn.classes, strict=True)
-            ]
+    for label, runs in (("off", offs), ("on", ons)):
+        for i, _ in enumerate(runs[0]["phases"]):
+            phs = [r["phases"][i] for r in runs]
+            cells = []
+            for n, c in zip(names, scn.classes, strict=True):
+                p99 = [ph[f"p99_{n}_ms"] for ph in phs]
+                missed = sum(x > c.slo_ms for x in p99)
+                cells.append(pm(p99) + (f" ✗{missed}" if missed else ""))
             rows.append(
                 [
                     label,
-                    ph["phase"],
+                    i + 1,
                     f"{loads[i]:.2f}",
                     *cells,
-                    f"{ph['miss_ratio']:.2%}",
-                    f"{ph['mean_service_scale']:.3f}",
+                    pm([ph["miss_ratio"] for ph in phs], ".2%"),
+                    pm([ph["mean_service_scale"] for ph in phs]),
                 ]
             )
     header = ["autoscaling", "phase", "offered load"]
@@ -361,7 +455,10 @@ def autoscale(st: Any, base: Any) -> list[str]:
         ncols=2,
     )
     return [
-        f"## Setup\n\nOffered load {' → '.join(f'{x:.0%}' for x in loads)} in equal phases; "
+        f"## Setup\n\nMeans over {len(st.seeds)} seeds ± the 95% confidence interval of the "
+        "mean (`✗n`: a class misses its SLO in that phase on n seeds); the timeline, actions "
+        "and plots are the first seed's. "
+        f"Offered load {' → '.join(f'{x:.0%}' for x in loads)} in equal phases; "
         f"R_sth^U = {a.upper:g}, R_sth^L = {a.lower:g}, window {a.window_tasks:,} tasks, "
         f"cooldowns {a.up_cooldown_ms:g} ms up / {a.down_cooldown_ms:g} ms down (doubling "
         f"while a step down is undone at once), at most {a.max_steps_up} steps up and "

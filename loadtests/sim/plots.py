@@ -110,7 +110,8 @@ def grouped_bars(
         ax.set_xticks(range(len(groups)), groups)
         # Headroom above the tallest bar for the legend drawn across the top.
         top = max([v for vs in series.values() for v in vs if math.isfinite(v)] or [1.0])
-        ax.set_ylim(0, 1.45 * max(top, *(refs or {}).get(name, [0.0])))
+        top = max(top, *(refs or {}).get(name, [0.0]))
+        ax.set_ylim(0, 1.45 * top if top > 0 else 1.0)  # all zero: nothing met at any load
         _label(ax, name, xlabel, ylabel, grid_axis="y", ncols=3)
     _save(plt, fig, path, title)
 

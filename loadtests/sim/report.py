@@ -23,8 +23,19 @@ class TailStat:
 
     @property
     def met(self) -> bool:
-        """The percentile is within the SLO."""
+        """The percentile is within the SLO (whether or not it could be judged)."""
         return self.latency_ms <= self.slo_ms
+
+    @property
+    def verdict(self) -> str:
+        """ "met", "not met" or "unjudged" (too few samples beyond the percentile)."""
+        if not self.enough:
+            return "unjudged"
+        return "met" if self.met else "not met"
+
+    def needed(self, percentile: float) -> int:
+        """Samples this group needs to be judged at `percentile`."""
+        return math.ceil(MIN_TAIL_SAMPLES / (1.0 - percentile / 100.0))
 
 
 MIN_TAIL_SAMPLES = 10
@@ -58,21 +69,47 @@ class Report:
     classes: dict[str, TailStat]
     fanout_types: dict[str, dict[str, TailStat]]
 
+    def groups(self) -> list[tuple[str, str, TailStat]]:
+        """(class, fanout type or "all", stat) of every group the verdict judges."""
+        out = [(c, "all", s) for c, s in self.classes.items()]
+        out += [(c, k, s) for c, types in self.fanout_types.items() for k, s in types.items()]
+        return out
+
+    @property
+    def verdict(self) -> str:
+        """ "not met" if a judged group misses its SLO, else "unjudged" if a group had too
+        few samples beyond its percentile to be judged, else "met". A group never judged
+        is never called met."""
+        stats = [s for _, _, s in self.groups()]
+        if any(s.verdict == "not met" for s in stats):
+            return "not met"
+        if any(s.verdict == "unjudged" for s in stats):
+            return "unjudged"
+        return "met"
+
     @property
     def met(self) -> bool:
-        """Every class and every fanout type within a class (with enough samples) meets its SLO."""
-        if not all(s.met for s in self.classes.values()):
-            return False
-        return all(s.met for t in self.fanout_types.values() for s in t.values() if s.enough)
+        """Every class and every fanout type within a class was judged and meets its SLO."""
+        return self.verdict == "met"
 
-    def rarest(self) -> tuple[str, str, int]:
-        """(class, fanout type, samples) of the judged group with the fewest samples."""
-        best = ("", "", 1 << 62)
-        for c, types in self.fanout_types.items():
-            for k, s in types.items():
-                if s.samples < best[2]:
-                    best = (c, k, s.samples)
-        return best
+    def unjudged(self) -> list[tuple[str, str, int, int]]:
+        """(class, fanout type, samples, samples needed) of each group too thin to judge."""
+        pct = {c.name: c.percentile for c in self.result.scenario.classes}
+        return [(c, k, s.samples, s.needed(pct[c])) for c, k, s in self.groups() if not s.enough]
+
+    def warning(self) -> str:
+        """A line saying which groups went unjudged, or "" when all were judged."""
+        thin = self.unjudged()
+        if not thin:
+            return ""
+        worst = max(need / max(n, 1) for _, _, n, need in thin)
+        groups = "; ".join(
+            f"class {c} k={k} has {n:,} samples, {need:,} needed" for c, k, n, need in thin
+        )
+        return (
+            f"UNJUDGED: {groups} (at least {MIN_TAIL_SAMPLES} beyond the percentile), so it "
+            f"is not called met; run about {worst:.1f}x the queries"
+        )
 
     def to_json(self) -> dict[str, Any]:
         """The `sim run --json` document."""
@@ -90,12 +127,18 @@ class Report:
             "admission_rejected": r.admission_rejected,
             "scaling": r.scaling,
             "met": self.met,
+            "verdict": self.verdict,
+            "unjudged": [
+                {"class": c, "fanout_type": k, "samples": n, "needed": need}
+                for c, k, n, need in self.unjudged()
+            ],
             "classes": {
                 name: {
                     "percentile": _class(r, name).percentile,
                     "latency_ms": s.latency_ms,
                     "slo_ms": s.slo_ms,
                     "met": s.met,
+                    "judged": s.enough,
                     "samples": s.samples,
                 }
                 for name, s in self.classes.items()
@@ -130,7 +173,7 @@ class Report:
             p = _class(r, name).percentile
             lines.append(
                 f"{name:<8} {'all':>10} {p:>6g} {s.latency_ms:>11.4f} {s.slo_ms:>8g} "
-                f"{'yes' if s.met else 'NO':>4} {s.samples:>9,}"
+                f"{ ({'met': 'yes', 'not met': 'NO'}.get(s.verdict, 'n/a')):>4} {s.samples:>9,}"
             )
             for k, t in self.fanout_types[name].items():
                 flag = ("yes" if t.met else "NO") if t.enough else "n/a"
@@ -138,7 +181,13 @@ class Report:
                     f"{'':<8} {'k=' + k:>10} {p:>6g} {t.latency_ms:>11.4f} {t.slo_ms:>8g} "
                     f"{flag:>4} {t.samples:>9,}"
                 )
-        lines.append("all classes and fanout types meet their SLOs" if self.met else "SLO NOT met")
+        verdict = self.verdict
+        if verdict == "met":
+            lines.append("all classes and fanout types meet their SLOs")
+        elif verdict == "not met":
+            lines.append("SLO NOT met")
+        else:
+            lines.append("no verdict: " + self.warning())
         return "\n".join(lines)
 
 

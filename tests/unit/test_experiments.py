@@ -19,8 +19,8 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def run_tiny(name: str, out: Path, data_dir: Path, **kw: object) -> Path:
-    """Run an experiment with few queries, a coarse bisection and no workers."""
-    kw = {"queries": 3000, "tol": 0.2, "workers": 1, "quiet": True, **kw}
+    """Run an experiment with few queries, a coarse bisection, one seed and no workers."""
+    kw = {"queries": 3000, "tol": 0.2, "workers": 1, "quiet": True, "seeds": 1, **kw}
     return run_experiment(name, out, data_dir=str(data_dir), **kw)  # type: ignore[arg-type]
 
 
@@ -46,7 +46,10 @@ def test_every_experiment_has_its_scenario() -> None:
 
 
 def test_fanout_single_class_writes_tables_and_plots(tmp_path: Path, tailbench_dir: Path) -> None:
-    md = run_tiny("fanout-single-class", tmp_path, tailbench_dir, apps=["masstree"])
+    # 120,000 queries: 1,027 of fanout 100 after the warm-up, just enough to judge their p99.
+    md = run_tiny(
+        "fanout-single-class", tmp_path, tailbench_dir, apps=["masstree"], queries=120_000, tol=0.3
+    )
     folder = tmp_path / "fanout-single-class"
     assert md == folder / "fanout-single-class.md"
 
@@ -59,7 +62,7 @@ def test_fanout_single_class_writes_tables_and_plots(tmp_path: Path, tailbench_d
         assert r["app"] == "masstree"
         assert 0.0 <= float(r["max_load"]) <= 1.0
         assert float(r["bracket_lo"]) <= float(r["bracket_hi"])
-        assert r["queries"] == "3000"
+        assert r["queries"] == "120000"
 
     tails = read_csv(folder / "tails_at_max_load.csv")
     # Per search: the class as a whole and its three fanout types.
@@ -71,11 +74,33 @@ def test_fanout_single_class_writes_tables_and_plots(tmp_path: Path, tailbench_d
 
     text = md.read_text(encoding="utf-8")
     assert "## Max load per SLO" in text
-    assert "3,000" in text  # queries per simulation
+    assert "120,000" in text  # queries per simulation
     for s in slos:
         assert f"| masstree | {s} |" in text
     for png in ("max_load_vs_slo.png", "fanout_p99_at_max_load.png"):
         assert (folder / png).read_bytes()[:8] == PNG_MAGIC
+
+
+def test_too_few_queries_are_never_called_met(tmp_path: Path, tailbench_dir: Path) -> None:
+    """3,000 queries hold 27 of fanout 100: their p99 cannot be judged, so no load passes."""
+    md = run_tiny("fanout-single-class", tmp_path, tailbench_dir, apps=["masstree"])
+    rows = read_csv(tmp_path / "fanout-single-class" / "maxload.csv")
+    assert rows and all(float(r["max_load"]) == 0.0 for r in rows)
+    assert all(int(r["unjudged_probes"]) > 0 for r in rows)
+    text = md.read_text(encoding="utf-8")
+    assert "UNJUDGED" in text and "k=100" in text
+
+
+def test_default_queries_give_the_rarest_group_ten_thousand_samples() -> None:
+    from loadtests.sim.experiments import default_queries, rarest_share
+
+    scenarios = {p.stem: p for p in SCENARIOS}
+    single = load_scenario(scenarios["fanout-single-class"])
+    assert rarest_share(single) == pytest.approx(1 / 111)
+    assert default_queries(single) * (1 / 111) * (1 - single.run.warmup) >= 10_000
+    fixed = load_scenario(scenarios["fixed-fanout-two-classes"])
+    assert rarest_share(fixed) == pytest.approx(0.5)
+    assert default_queries(fixed) == 21_053
 
 
 def test_mixed_fanout_reports_max_load_per_class(tmp_path: Path, tailbench_dir: Path) -> None:
@@ -123,12 +148,14 @@ def test_admission_experiment_compares_rules_against_the_max_load(
     assert [(r["rule"], float(r["offered_load"])) for r in rows] == [
         (rule, load) for rule in ("none", "reject-all", "throttle") for load in ADMISSION_LOADS
     ]
+    assert {r["seed"] for r in rows} == {"1"}
     for r in rows:
         if r["rule"] == "none":
             assert float(r["accepted_load"]) == pytest.approx(float(r["offered_load"]))
         assert float(r["accepted_load"]) <= float(r["offered_load"]) + 1e-9
     text = md.read_text(encoding="utf-8")
-    assert "R_cth^U = **" in text and "worst gap" in text
+    assert "R_cth^U, the miss ratio without admission at that max load" in text
+    assert "## Reject-all and the length of its window" in text
     for png in ("p99_vs_offered_load.png", "accepted_load.png"):
         assert (folder / png).read_bytes()[:8] == PNG_MAGIC
 

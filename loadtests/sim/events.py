@@ -1,0 +1,262 @@
+"""The simulator with feedback: admission and autoscaling learn each task's outcome in time.
+
+TailGuard's admission control (§III.D) and autoscaling (§III.E) act on the task
+deadline-miss ratio, which the query handler learns task by task: at the dequeue when the
+queue sits in the handler (central queueing), with the task's result when it sits in the
+task server (server queueing). So here every server runs on one shared virtual clock,
+event by event: each dequeue is known at its moment, and each arriving query is put to
+the gateway's own admission shell (``gateway.overload.OverloadGuard``: the window, its
+age reset and the AdmissionController) against the window as it is at that arrival. A
+DEFER holds the query and asks again, as the gateway does. The autoscaler steps the
+servers' speed on the same outcomes; a task runs at the speed of the moment it starts.
+
+Outcomes that arrive between two queries reach the window together, stamped with the
+later query's arrival, which is the first moment a decision can see them.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from admission import Action, QueryInfo
+from gateway.config import ClassConfig, GatewayConfig
+from gateway.overload import OverloadGuard
+from loadtests.sim.scenario import Scenario
+from loadtests.sim.workload import Workload
+from taskserver.queues import QueuedTask, create_task_queue
+
+__all__ = ["FeedbackRun", "run_with_feedback"]
+
+
+@dataclass(slots=True)
+class FeedbackRun:
+    """Per-task and per-query outcomes of an event-driven run."""
+
+    start: np.ndarray
+    """Dequeue time of each task (NaN: never dispatched)."""
+    occupy: np.ndarray
+    """How long each task held its slot (at the speed of the moment it started)."""
+    admitted: np.ndarray
+    """Per query: dispatched (admitted at once or after deferrals)."""
+    admission_rejected: np.ndarray
+    """Per query: turned away by admission control."""
+    deferred: int
+    """DEFER decisions taken (a query may be deferred several times)."""
+    scaling: list[dict[str, float]]
+
+
+class _Clock:
+    """The virtual clock the gateway's admission shell reads (seconds)."""
+
+    __slots__ = ("now_s",)
+
+    def __init__(self) -> None:
+        self.now_s = 0.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+class _Server:
+    """One server's policy queue and slots on the shared virtual clock (ms)."""
+
+    __slots__ = ("free", "queue", "queued", "version")
+
+    def __init__(self, policy: str, slots: int) -> None:
+        self.queue = create_task_queue(policy)
+        self.free = [-math.inf] * slots
+        self.queued = 0
+        self.version = 0
+
+
+def guard_for(scn: Scenario, clock: Callable[[], float]) -> OverloadGuard:
+    """The gateway's admission shell, configured as the scenario's [admission] table."""
+    from loadtests.sim.engine import class_priorities
+
+    prio = class_priorities(scn)
+    classes = tuple(
+        ClassConfig(c.name, c.slo_ms, c.percentile, int(prio[i])) for i, c in enumerate(scn.classes)
+    )
+    config = GatewayConfig(classes=classes, admission=scn.admission, storage_url="")
+    return OverloadGuard(config, clock)
+
+
+def run_with_feedback(
+    scn: Scenario,
+    w: Workload,
+    policy: str,
+    budget_ms: np.ndarray,
+    unloaded_ms: np.ndarray,
+    scaler: Any | None,
+) -> FeedbackRun:
+    """Simulate every query in arrival order with admission (scn.admission) and/or the
+    vertical autoscaler `scaler` (engine._SimScaler) in the loop.
+
+    budget_ms[q] is the query's T_b (NaN: SLO below x_p^u, never admitted); unloaded_ms[q]
+    its x_p^u.
+    """
+    central = scn.run.queueing == "central"
+    dispatch, ret = scn.overhead.dispatch_ms, scn.overhead.return_ms
+    names = [c.name for c in scn.classes]
+    slo_ms = np.array([c.slo_ms for c in scn.classes])
+    from loadtests.sim.engine import class_priorities
+
+    prio = class_priorities(scn)
+    n_tasks = w.tasks
+    start = np.full(n_tasks, np.nan)
+    occupy = np.full(n_tasks, np.nan)
+    admitted = np.zeros(w.queries, dtype=bool)
+    rejected = np.zeros(w.queries, dtype=bool)
+    service = w.task_service_ms
+    extra = dispatch + ret if central else 0.0
+    after = 0.0 if central else ret
+    deadline = np.repeat(w.arrival_ms + np.nan_to_num(budget_ms), w.fanout)
+    slo_deadline = np.repeat(w.arrival_ms + slo_ms[w.cls], w.fanout)
+    task_prio = np.repeat(prio[w.cls], w.fanout)
+    task_query = np.repeat(np.arange(w.queries), w.fanout)
+    servers = [_Server(policy, scn.servers.slots) for _ in range(scn.servers.count)]
+    clock = _Clock()
+    guard = guard_for(scn, clock) if scn.admission.policy != "none" else None
+    # Outcomes on their way to the handler: (known at ms, seq, task or ~query).
+    notes: list[tuple[float, int, int]] = []
+    # Servers with queued tasks: (when a slot frees, server, version).
+    pending: list[tuple[float, int, int]] = []
+    left = w.fanout.astype(np.int64).copy()  # tasks of each query not started yet
+    done_ms = np.full(w.queries, -math.inf)
+    queued_total = 0
+    seq = 0
+    deferred = 0
+    scale = 1.0
+
+    def begin(gid: int, s: int, t: float) -> None:
+        nonlocal seq
+        occ = service[gid] * scale + extra
+        start[gid], occupy[gid] = t, occ
+        known = t if central else t + occ + after
+        seq += 1
+        heapq.heappush(notes, (known, seq, gid))
+        q = int(task_query[gid])
+        done = t + occ + after
+        if done > done_ms[q]:
+            done_ms[q] = done
+        left[q] -= 1
+        if left[q] == 0:
+            seq += 1
+            heapq.heappush(notes, (float(done_ms[q]), seq, ~q))
+
+    def pop_one(s: int, srv: _Server) -> None:
+        nonlocal queued_total
+        t = srv.free[0]
+        gid = srv.queue.pop(t).task.item  # type: ignore[union-attr]
+        srv.queued -= 1
+        queued_total -= 1
+        begin(gid, s, t)
+        heapq.heapreplace(srv.free, t + occupy[gid])
+
+    def schedule(s: int, srv: _Server) -> None:
+        srv.version += 1
+        if srv.queued:
+            heapq.heappush(pending, (srv.free[0], s, srv.version))
+
+    def advance(t: float) -> None:
+        """Every dequeue on any server up to time t."""
+        while pending and pending[0][0] <= t:
+            _, s, version = heapq.heappop(pending)
+            srv = servers[s]
+            if version != srv.version:
+                continue  # superseded
+            pop_one(s, srv)
+            schedule(s, srv)
+
+    def arrive(gid: int, a: float) -> None:
+        nonlocal queued_total
+        s = int(w.task_server[gid])
+        srv = servers[s]
+        while srv.queued and srv.free[0] <= a:
+            pop_one(s, srv)  # this server's dequeues before the task joins its queue
+        if not srv.queued and srv.free[0] <= a:
+            begin(gid, s, a)  # idle server, empty queue: served at once (§III.B)
+            heapq.heapreplace(srv.free, a + occupy[gid])
+        else:
+            srv.queue.push(
+                QueuedTask(
+                    "", gid, float(deadline[gid]), float(slo_deadline[gid]),
+                    int(task_prio[gid]), a, gid,
+                )
+            )  # fmt: skip
+            srv.queued += 1
+            queued_total += 1
+        schedule(s, srv)
+
+    def deliver(t: float) -> None:
+        """Outcomes the handler knows by time t, into the window (and the autoscaler)."""
+        misses: dict[int, list[int]] = {}
+        while notes and notes[0][0] <= t:
+            _, _, item = heapq.heappop(notes)
+            if item >= 0:
+                c = int(w.cls[task_query[item]])
+                pair = misses.setdefault(c, [0, 0])
+                pair[0] += bool(start[item] > deadline[item])
+                pair[1] += 1
+            elif guard is not None:
+                q = ~item
+                c = int(w.cls[q])
+                guard.record_query(names[c], float(done_ms[q] - w.arrival_ms[q]), slo_ms[c])
+        for c, (m, n) in misses.items():
+            if guard is not None:
+                guard.record_tasks(m, n, names[c])
+            if scaler is not None:
+                scaler.record(m, n, t)
+
+    # Arrivals and deferred retries, in time order: (time ms, seq, query, waited s).
+    events: list[tuple[float, int, int, float]] = []
+    next_q = 0
+    n_queries = w.queries
+    arrival = w.arrival_ms
+    while next_q < n_queries or events:
+        if events and (next_q >= n_queries or events[0][0] <= arrival[next_q]):
+            t, _, q, waited = heapq.heappop(events)
+        else:
+            q, t, waited = next_q, float(arrival[next_q]), 0.0
+            next_q += 1
+        advance(t)
+        clock.now_s = t / 1000.0
+        deliver(t)
+        if scaler is not None:
+            scale = scaler.decide(t)
+        if math.isnan(budget_ms[q]):
+            continue  # its SLO is below x_p^u: the gateway's 422
+        c = int(w.cls[q])
+        if guard is not None and not guard.clearly_admitted():
+            info = QueryInfo(
+                names[c],
+                int(prio[c]),
+                int(w.fanout[q]),
+                float(slo_ms[c]),
+                float(unloaded_ms[q]),
+                waited,
+            )
+            qp = queued_total / (scn.servers.count * scn.servers.slots)
+            d = guard.controller.decide(info, guard.pressure(qp), clock.now_s)
+            if d.action is Action.REJECT:
+                rejected[q] = True
+                continue
+            if d.action is Action.DEFER:
+                deferred += 1
+                seq += 1
+                heapq.heappush(events, (t + d.defer_s * 1000.0, seq, q, waited + d.defer_s))
+                continue
+        admitted[q] = True
+        a = t if central else t + dispatch
+        for gid in range(int(w.offsets[q]), int(w.offsets[q + 1])):
+            arrive(gid, a)
+    advance(math.inf)
+    return FeedbackRun(
+        start, occupy, admitted, rejected, deferred, scaler.actions if scaler is not None else []
+    )
