@@ -26,7 +26,7 @@ from typing import Any
 
 from loadtests.sim.budget import simulate_with_budget
 from loadtests.sim.engine import SimResult
-from loadtests.sim.maxload import find_max_load
+from loadtests.sim.maxload import ci95, find_max_load
 from loadtests.sim.progress import ProgressBar, format_duration
 from loadtests.sim.report import MIN_TAIL_SAMPLES, Report, TailStat, report
 from loadtests.sim.scenario import Scenario, load_scenario
@@ -128,19 +128,6 @@ class Search:
             sum(s.unjudged for s in searches),
             next((s.warning for s in searches if s.warning), ""),
         )
-
-
-_T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
-"""Student t quantiles at 0.975 for 1..10 degrees of freedom (1.96 beyond)."""
-
-
-def ci95(values: Sequence[float]) -> float:
-    """Half-width of the 95% confidence interval of the mean of `values` (Student t)."""
-    n = len(values)
-    if n < 2:
-        return 0.0
-    t = _T95[n - 2] if n - 1 <= len(_T95) else 1.96
-    return t * statistics.stdev(values) / math.sqrt(n)
 
 
 def rarest_share(scn: Scenario) -> float:

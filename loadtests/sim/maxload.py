@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -125,10 +125,7 @@ class SeedSpread:
 
     def ci95(self) -> float:
         """Half-width of the 95% confidence interval of the mean (Student t); 0 for one seed."""
-        n = len(self.values)
-        if n < 2:
-            return 0.0
-        return _T95[min(n - 1, len(_T95)) - 1] * statistics.stdev(self.values) / math.sqrt(n)
+        return ci95(self.values)
 
     def summary(self) -> str:
         """One line: mean ± CI, range and the seeds."""
@@ -154,6 +151,15 @@ class SeedSpread:
 
 _T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
 """Student t quantiles at 0.975 for 1..10 degrees of freedom (1.96 beyond)."""
+
+
+def ci95(values: Sequence[float]) -> float:
+    """Half-width of the 95% confidence interval of the mean of `values` (Student t)."""
+    n = len(values)
+    if n < 2:
+        return 0.0
+    t = _T95[n - 2] if n - 1 <= len(_T95) else 1.96
+    return t * statistics.stdev(values) / math.sqrt(n)
 
 
 def max_load_over_seeds(
