@@ -2,8 +2,9 @@
 
 - ``admission`` (TailGuard §III.D, §IV.D Fig. 8): the fixed-fanout two-class Masstree
   scenario at offered loads 40-100%, without admission, with the paper's reject-all rule
-  and with our throttle; per-class p99 of admitted queries, accepted load and its gap to
-  the max load found without admission. R_cth^U is calibrated as the paper does: the
+  and with our throttle and the other rules (lowest class first, largest fanout first, the
+  cost ladder) as comparisons; per-class p99 of admitted queries, accepted load and its gap
+  to the max load found without admission. R_cth^U is calibrated as the paper does: the
   miss ratio without admission at that max load. Reject-all acts on the paper's moving
   *time* window (a count window stops moving once everything is rejected); its length is
   the time the scenario's count window takes to fill at the max load, and a second table
@@ -33,8 +34,22 @@ from loadtests.sim.engine import SimResult, simulate
 from loadtests.sim.report import percentile, report
 
 ADMISSION_LOADS = (0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
-RULES = ("none", "reject-all", "throttle")
-RULE_TITLES = {"none": "no admission", "reject-all": "reject-all (paper)", "throttle": "throttle"}
+RULES = (
+    "none",
+    "reject-all",
+    "throttle",
+    "lowest-class-first",
+    "largest-fanout-first",
+    "cost-ladder",
+)
+RULE_TITLES = {
+    "none": "no admission",
+    "reject-all": "reject-all (paper)",
+    "throttle": "throttle",
+    "lowest-class-first": "lowest class first",
+    "largest-fanout-first": "largest fanout first",
+    "cost-ladder": "cost ladder",
+}
 WINDOW_FRACTIONS = (1 / 30, 1 / 10, 1 / 3, 1.0)
 """Reject-all at the heaviest load with time windows of these fractions of the main one."""
 TIMELINE_BIN_S = 0.5

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from loadtests.sim.experiments import EXPERIMENTS, SINGLE_CLASS_SLOS_MS, run_experiment
-from loadtests.sim.overload_experiments import ADMISSION_LOADS
+from loadtests.sim.overload_experiments import ADMISSION_LOADS, RULES
 from loadtests.sim.pool import load_pool_scenario
 from loadtests.sim.progress import ProgressBar
 from loadtests.sim.scenario import load_scenario
@@ -146,7 +146,7 @@ def test_admission_experiment_compares_rules_against_the_max_load(
     folder = tmp_path / "admission"
     rows = read_csv(folder / "admission.csv")
     assert [(r["rule"], float(r["offered_load"])) for r in rows] == [
-        (rule, load) for rule in ("none", "reject-all", "throttle") for load in ADMISSION_LOADS
+        (rule, load) for rule in RULES for load in ADMISSION_LOADS
     ]
     assert {r["seed"] for r in rows} == {"1"}
     for r in rows:
