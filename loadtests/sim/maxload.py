@@ -154,7 +154,9 @@ _T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
 
 
 def ci95(values: Sequence[float]) -> float:
-    """Half-width of the 95% confidence interval of the mean of `values` (Student t)."""
+    """Half-width of the 95% confidence interval of the mean of `values` (Student t); the
+    non-finite ones (a p99 of no query) are left out."""
+    values = [v for v in values if math.isfinite(v)]
     n = len(values)
     if n < 2:
         return 0.0

@@ -118,6 +118,26 @@ def _calibrate(job: int, scn: Any, tol: float) -> tuple[float, float]:
     return m.max_load, (res.miss_ratio if res is not None else math.nan)
 
 
+def _finite_mean(values: list[float]) -> float:
+    finite = [v for v in values if math.isfinite(v)]
+    return statistics.fmean(finite) if finite else math.nan
+
+
+def pm(values: list[float], fmt: str = ".3f") -> str:
+    """Mean ± the 95% CI of the finite values ("-" without any: no query of that kind)."""
+    from loadtests.sim.maxload import ci95
+
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite:
+        return "-"
+    text = format(statistics.fmean(finite), fmt)
+    if len(finite) > 1:
+        text += f" ± {ci95(finite):{fmt}}"
+    if len(finite) < len(values):
+        text += f" ({len(finite)} of {len(values)} seeds)"
+    return text
+
+
 def _window_s(scn: Any, max_load: float) -> float:
     """Seconds the scenario's count window of tasks takes to fill at the max load."""
     from loadtests.sim.workload import make_workload
@@ -230,10 +250,6 @@ def admission(st: Any, base: Any) -> list[str]:
     max_load = statistics.fmean(max_loads)
     threshold = statistics.fmean(t for _, t in calib)
     names = [c.name for c in scn.classes]
-
-    def pm(values: list[float], fmt: str = ".3f") -> str:
-        text = format(statistics.fmean(values), fmt)
-        return text + (f" ± {ex.ci95(values):{fmt}}" if len(values) > 1 else "")
 
     header = ["rule", "offered", "accepted", "gap to max", "miss ratio"]
     header += [f"p99 {n} (SLO {c.slo_ms:g} ms)" for n, c in zip(names, scn.classes, strict=True)]
@@ -374,10 +390,6 @@ def autoscale(st: Any, base: Any) -> list[str]:
     a = scn.autoscaling
     names = [c.name for c in scn.classes]
     loads = [AUTOSCALE_LOAD * m for m in scn.arrivals.phases] or [AUTOSCALE_LOAD]
-
-    def pm(values: list[float], fmt: str = ".3f") -> str:
-        text = format(statistics.fmean(values), fmt)
-        return text + (f" ± {ex.ci95(values):{fmt}}" if len(values) > 1 else "")
 
     rows = []
     for label, runs in (("off", offs), ("on", ons)):
