@@ -802,7 +802,10 @@ def _markdown(exp: Experiment, st: Settings, base: Any, sections: list[str], wal
             f"- Scenario: `loadtests/scenarios/{exp.name}.toml` ({base.description})",
             f"- Service times from `{st.data_dir}`"
             + (
-                "" if exp.pool else f"; {st.queries:,} queries per simulation, seed {base.run.seed}"
+                ""
+                if exp.pool
+                else f"; {st.queries:,} queries per simulation, seeds "
+                + ", ".join(map(str, st.seeds))
             ),
             f"- Wall time: {format_duration(wall_s)} with {st.workers} worker process(es)",
         ]
