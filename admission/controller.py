@@ -382,9 +382,10 @@ class AdmissionController:
         ):
             return Decision(Action.REJECT, "cost_ladder_reject", severity)
         # Deferring spends the query's queueing slack (x_p^SLO - x_p^u(k_f), TailGuard eq. 4), so
-        # a deferral is bounded by max_defer_s in total and by a fraction of that slack.
+        # its deferrals together are bounded by max_defer_s and by a fraction of that slack: a
+        # query deferred again and again must not wait out its SLO many times over.
         slack_s = max(0.0, q.slo_ms - q.unloaded_ms) / 1000.0
-        defer_s = min(self.max_defer_s - q.waited_s, ladder.defer_slack_fraction * slack_s)
+        defer_s = min(self.max_defer_s, ladder.defer_slack_fraction * slack_s) - q.waited_s
         if defer_s <= 0:
             return Decision(Action.ADMIT, "defer_exhausted", severity)
         return Decision(Action.DEFER, "cost_ladder_defer", severity, defer_s)

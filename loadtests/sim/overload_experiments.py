@@ -132,7 +132,7 @@ def pm(values: list[float], fmt: str = ".3f") -> str:
         return "-"
     text = format(statistics.fmean(finite), fmt)
     if len(finite) > 1:
-        text += f" ± {ci95(finite):{fmt}}"
+        text += f" ± {ci95(finite):{fmt.lstrip('+')}}"
     if len(finite) < len(values):
         text += f" ({len(finite)} of {len(values)} seeds)"
     return text
@@ -261,7 +261,7 @@ def admission(st: Any, base: Any) -> list[str]:
             at = [curve[i] for curve in per_seed]
             acc = [r["accepted_load"] for r in at]
             gaps = [(m - a) / m for a, m in zip(acc, max_loads, strict=True) if m > 0]
-            gap_cell = pm(gaps, "+.1%") if load >= max_load and gaps else "-"
+            gap_cell = pm(gaps, "+.1%") if load >= max_load and gaps and rule != "none" else "-"
             cells = []
             for n in names:
                 p99 = [r[f"p99_{n}_ms"] for r in at]

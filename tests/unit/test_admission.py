@@ -301,8 +301,12 @@ def test_a_deferral_is_bounded_by_max_defer_and_by_the_slo_slack() -> None:
     assert c.decide(make_query(waited_s=0.375), p, 0.0).defer_s == 0.125
     d = c.decide(make_query(waited_s=0.5), p, 0.0)
     assert (d.action, d.reason) == (Action.ADMIT, "defer_exhausted")
-    # Slack x_p^SLO - x_p^u = 110 - 10 ms: at most half of it, 50 ms.
+    # Slack x_p^SLO - x_p^u = 110 - 10 ms: at most half of it, 50 ms, over all deferrals (a
+    # query asked again after 30 ms may wait 20 more, not another 50).
     assert c.decide(make_query(slo_ms=110.0), p, 0.0).defer_s == pytest.approx(0.05)
+    again = c.decide(make_query(slo_ms=110.0, waited_s=0.03), p, 0.0)
+    assert (again.action, again.defer_s) == (Action.DEFER, pytest.approx(0.02))
+    assert c.decide(make_query(slo_ms=110.0, waited_s=0.05), p, 0.0).reason == "defer_exhausted"
     assert c.decide(make_query(slo_ms=5.0), p, 0.0).reason == "defer_exhausted"
 
 
