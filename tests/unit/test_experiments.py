@@ -156,6 +156,10 @@ def test_admission_experiment_compares_rules_against_the_max_load(
     text = md.read_text(encoding="utf-8")
     assert "R_cth^U, the miss ratio without admission at that max load" in text
     assert "## Reject-all and the length of its window" in text
+    assert "## How each rule admits" in text
+    timeline = read_csv(folder / "admission_timeline.csv")
+    assert {r["rule"] for r in timeline} == {"reject-all", "throttle"}
+    assert all(int(r["admitted"]) <= int(r["offered"]) for r in timeline)
     for png in ("p99_vs_offered_load.png", "accepted_load.png"):
         assert (folder / png).read_bytes()[:8] == PNG_MAGIC
 
