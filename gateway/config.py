@@ -279,6 +279,9 @@ class GatewayConfig:
     """A query is answered at the latest at its SLO plus this grace."""
     max_body_bytes: int = 1024 * 1024
     """Largest accepted request body."""
+    max_frame_bytes: int = 64 * 1024 * 1024
+    """Largest Thrift frame accepted from a task server; one that sends or declares more is
+    disconnected (taskserver.framecheck)."""
     max_fanout: int = 10_000
     """Largest fanout a query may ask for."""
     heartbeat_s: float = 1.0
@@ -352,6 +355,8 @@ class GatewayConfig:
             raise ValueError(f"grace_ms: must be >= 0, got {self.grace_ms}")
         if self.max_body_bytes < 1024:
             raise ValueError(f"max_body_bytes: must be >= 1024, got {self.max_body_bytes}")
+        if not 1024 <= self.max_frame_bytes <= 1 << 30:
+            raise ValueError(f"max_frame_bytes: must be 1024..2**30, got {self.max_frame_bytes}")
         if self.max_fanout < 1:
             raise ValueError(f"max_fanout: must be >= 1, got {self.max_fanout}")
         if self.heartbeat_s <= 0:

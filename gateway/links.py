@@ -34,11 +34,13 @@ from taskserver.messages import result_problem
 from taskserver.ownership import claim_proof
 from taskserver.queues import QueuedTask, create_task_queue
 from taskserver.wire import (
+    DEFAULT_LIMITS,
     ONEWAY,
     Batcher,
     ProtocolViolation,
     ThriftConnection,
     WireError,
+    WireLimits,
     gateway_body_types,
     thrift,
 )
@@ -133,6 +135,7 @@ class ServerLink:
         token: str | None = None,
         on_violation: ViolationCallback | None = None,
         on_dequeue: DequeueCallback | None = None,
+        limits: WireLimits = DEFAULT_LIMITS,
     ) -> None:
         self.server_id = server_id
         self.host = host
@@ -159,6 +162,8 @@ class ServerLink:
         """The registration token this gateway's ownership claims prove (central queueing)."""
         self.on_violation = on_violation
         """Told when the server broke the protocol (its connection is then closed)."""
+        self.limits = limits
+        """What a frame from the server may be and declare (taskserver.framecheck)."""
         self.on_dequeue = on_dequeue
         """Central queueing: told of each task as it leaves this link's queue (its miss is
         decided then)."""
@@ -284,6 +289,7 @@ class ServerLink:
                             self._on_message,
                             self._on_lost,
                             batcher=Batcher.submit(),
+                            limits=self.limits,
                             on_violation=self._on_violation,
                         ),
                         self.host,

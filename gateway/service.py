@@ -47,6 +47,7 @@ from gateway.queries import (
 from gateway.requests import QueryRequest, RegisterRequest
 from gateway.table_cdf import prior_of
 from gateway.targets import TargetPicker
+from taskserver.framecheck import WireLimits
 from taskserver.service_time import make_distribution
 
 log = logging.getLogger(__name__)
@@ -130,6 +131,7 @@ class GatewayService:
         self._id_prefix = uuid.uuid4().hex[:8]
         self.instance_id = f"{socket.gethostname()}-{self._id_prefix}"
         """This replica's id: names it as the owner of the central-queueing servers it claims."""
+        self._wire_limits = WireLimits.for_frames_of(config.max_frame_bytes)
         self._inflight: dict[str, QueryRun] = {}
         self.started = False
         """start() is done: the gateway admits queries (GET /readyz)."""
@@ -245,6 +247,7 @@ class GatewayService:
             gateway_id=self.instance_id,
             on_change=self._on_link_change,
             on_dequeue=self._on_dequeue,
+            limits=self._wire_limits,
             token=self.config.token,
             on_violation=lambda lk, v: self.metrics.wire_violations.labels(
                 lk.server_id, v.reason

@@ -61,6 +61,8 @@ class TaskServerConfig:
     task is reported FAILED); keep it above the gateway's grace, which times the query out."""
     max_task_s: float = 300.0
     """No task holds a slot longer than this, whatever budget it carries."""
+    max_frame_bytes: int = 64 * 1024 * 1024
+    """Largest Thrift frame accepted; a peer that sends or declares more is disconnected."""
 
     def __post_init__(self) -> None:
         if not self.server_id or not self.server_id.strip():
@@ -90,3 +92,5 @@ class TaskServerConfig:
             raise ValueError(f"task_grace_s: must be 0..3600, got {self.task_grace_s}")
         if not 0 < self.max_task_s <= 86400:
             raise ValueError(f"max_task_s: must be in (0, 86400], got {self.max_task_s}")
+        if not 1024 <= self.max_frame_bytes <= 1 << 30:
+            raise ValueError(f"max_frame_bytes: must be 1024..2**30, got {self.max_frame_bytes}")

@@ -67,6 +67,15 @@ class WireLimits:
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}: must be a positive integer, got {value!r}")
 
+    @classmethod
+    def for_frames_of(cls, max_frame_bytes: int) -> WireLimits:
+        """The default limits, with frames of at most max_frame_bytes (strings no longer)."""
+        default = cls()
+        return cls(
+            max_frame_bytes=max_frame_bytes,
+            max_string_bytes=min(default.max_string_bytes, max_frame_bytes),
+        )
+
 
 class _Refused(Exception):
     def __init__(self, reason: str, detail: str) -> None:

@@ -33,6 +33,7 @@ from taskserver.service_time import make_distribution
 from taskserver.wire import (
     CALL,
     DEFAULT_LIMITS,
+    INVALID_MESSAGE_TYPE,
     ONEWAY,
     Batcher,
     ConnectionClosed,
@@ -55,7 +56,6 @@ WATCH_PERIOD_S = 0.25
 """How often running tasks are checked against their budgets (the watchdog's period)."""
 _ONEWAY_METHODS = frozenset(("submit", "submit_batch", "cancel"))
 _OWNED_ELSEWHERE = "server is owned by another gateway (central queueing)"
-_INVALID_MESSAGE_TYPE = 2  # TApplicationException.INVALID_MESSAGE_TYPE
 
 
 @dataclass(slots=True)
@@ -206,7 +206,7 @@ class TaskService:
                 conn.reply_error(
                     name,
                     seqid,
-                    _INVALID_MESSAGE_TYPE,
+                    INVALID_MESSAGE_TYPE,
                     f"{name} is a oneway method: send it as a ONEWAY message",
                 )
                 return
@@ -619,6 +619,7 @@ def build_service(
         token=config.token,
         task_grace_s=config.task_grace_s,
         max_task_s=config.max_task_s,
+        limits=WireLimits.for_frames_of(config.max_frame_bytes),
     )
 
 

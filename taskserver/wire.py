@@ -55,6 +55,8 @@ CALL = TMessageType.CALL
 REPLY = TMessageType.REPLY
 EXCEPTION = TMessageType.EXCEPTION
 ONEWAY = TMessageType.ONEWAY
+INVALID_MESSAGE_TYPE = TApplicationException.INVALID_MESSAGE_TYPE
+"""TApplicationException kind: a method sent with the wrong message type."""
 
 
 class WireError(Exception):

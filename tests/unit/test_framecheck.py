@@ -230,3 +230,20 @@ def test_a_frame_length_out_of_bounds_closes_the_connection() -> None:
     conn.connection_made(_Transport())  # type: ignore[arg-type]
     conn.data_received(_i32(1025))
     assert seen == ["frame_length: 1025 bytes (1..1024 allowed)"]
+
+
+def test_the_frame_bound_is_configured_on_both_sides() -> None:
+    from gateway.config import GatewayConfig
+    from taskserver.config import TaskServerConfig
+    from taskserver.server import build_service
+
+    svc = build_service(TaskServerConfig(max_frame_bytes=4096))
+    conn = svc.protocol_factory()
+    transport = _Transport()
+    conn.connection_made(transport)  # type: ignore[arg-type]
+    conn.data_received(_i32(5000) + b"\0" * 16)
+    assert transport.aborted and svc.violations == 1
+    assert conn.violation is not None and conn.violation.reason == "frame_length"
+    assert WireLimits.for_frames_of(4096).max_string_bytes == 4096
+    with pytest.raises(ValueError, match=r"max_frame_bytes: must be 1024\.\.2\*\*30, got 10"):
+        GatewayConfig(max_frame_bytes=10)
