@@ -1,16 +1,26 @@
 """Admission control and autoscaling policies driven by the task deadline-miss ratio.
 
-Layout (pure policy objects: time comes in as `now`; no clock, socket, thread or env read):
+Layout (pure policy objects: time comes in as `now` or from an injected clock; no socket,
+thread or env read):
 
+- `gate`: `AdmissionGate`, everything that decides admit / reject / defer for a query (the
+  window, the window-age reset, the tails, the fast path and the controller); the gateway
+  and the simulator call it the same way.
+- `config`: `AdmissionConfig`, the [admission] table.
+- `decisions`: `Rule` (the config enum), `Signal`, `QueryInfo`, `Pressure`, `Decision`.
+- `rules`: one class per rule (TailGuard's reject-all on R_cth^U, lowest-class-first,
+  largest-fanout-first, the throttle, client-side-scheduling's cost ladder), built by
+  `make_rule`; each declares the signals it reads.
+- `controller`: `AdmissionController`, what the rules share (classes, recent queries,
+  counters).
 - `window`: `MissRatioWindow`, the task deadline-miss ratio over a moving window
   (TailGuard §III.D), overall and per class, by task count or by time.
-- `controller`: `AdmissionController` and its rules (TailGuard's reject-all on R_cth^U,
-  lowest-class-first, largest-fanout-first, and client-side-scheduling's cost ladder); the
-  decision types `QueryInfo`, `Pressure`, `Decision`; and the package's exception tree.
+- `tails`: recent latency / SLO per class, and `nearest_rank`.
 - `autoscale`: `ThresholdAutoscaler` on R_sth^U / R_sth^L (TailGuard §III.E), `ScaleDecision`
   and `vertical_step` for emulated vertical scaling.
 - `swayam`: model-based scale-out after Swayam §4 (`RatePredictor`, `required_backends`,
   `SwayamPolicy`), passive scale-in (`IdleTracker`) and the shared `backend_order`.
+- `errors`: the exception tree below.
 
 - `actuators` (shell side, not re-exported: import `admission.actuators` explicitly, so the
   pure core above stays free of aiohttp): carries out a scaling decision for a pool.
@@ -33,17 +43,12 @@ from admission.autoscale import (
     ThresholdAutoscaler,
     vertical_step,
 )
-from admission.controller import (
-    Action,
-    AdmissionController,
-    AdmissionError,
-    CostLadder,
-    Decision,
-    PolicyValueError,
-    Pressure,
-    QueryInfo,
-    Rule,
-)
+from admission.config import AdmissionConfig, AdmissionPolicy
+from admission.controller import AdmissionController
+from admission.decisions import Action, Decision, Pressure, QueryInfo, Rule, Signal
+from admission.errors import AdmissionError, PolicyValueError
+from admission.gate import AdmissionGate
+from admission.rules import AdmissionRule, CostLadder, make_rule
 from admission.swayam import (
     BackendEstimate,
     IdleTracker,
@@ -55,14 +60,19 @@ from admission.swayam import (
     response_percentile_ms,
     waiting_percentile_ms,
 )
+from admission.tails import nearest_rank
 from admission.window import MissRatioWindow
 
 __all__ = [
     "SCALE_DOWN_FACTOR",
     "SCALE_UP_FACTOR",
     "Action",
+    "AdmissionConfig",
     "AdmissionController",
     "AdmissionError",
+    "AdmissionGate",
+    "AdmissionPolicy",
+    "AdmissionRule",
     "BackendEstimate",
     "CostLadder",
     "Decision",
@@ -74,10 +84,13 @@ __all__ = [
     "RatePredictor",
     "Rule",
     "ScaleDecision",
+    "Signal",
     "SwayamPolicy",
     "ThresholdAutoscaler",
     "backend_order",
     "estimate_backends",
+    "make_rule",
+    "nearest_rank",
     "required_backends",
     "response_percentile_ms",
     "vertical_step",

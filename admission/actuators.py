@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import signal
-import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -80,10 +79,9 @@ class LocalActuator(Actuator):
         self,
         *,
         gateway_url: str,
+        spawn: Callable[[str, int | None], Sequence[str]],
         pool: str = "default",
         id_prefix: str = "auto",
-        host: str = "127.0.0.1",
-        extra_args: Sequence[str] = (),
         slots: int = 1,
         start_timeout_s: float = 20.0,
         stop_timeout_s: float = 10.0,
@@ -91,6 +89,9 @@ class LocalActuator(Actuator):
         token: str | None = None,
         metrics_port_base: int | None = None,
     ) -> None:
+        """`spawn(server_id, metrics_port)` is the command line of one task server (the
+        gateway passes ``taskserver.spawn.taskserver_argv`` with its options: this package
+        imports nothing of ours)."""
         if slots < 1:
             raise ValueError(f"slots must be >= 1, got {slots!r}")
         if start_timeout_s <= 0 or stop_timeout_s <= 0 or http_timeout_s <= 0:
@@ -101,10 +102,9 @@ class LocalActuator(Actuator):
             )
         self.name = f"local:{pool}"
         self.gateway_url = gateway_url.rstrip("/")
+        self.spawn = spawn
         self.pool = pool
         self.id_prefix = id_prefix
-        self.host = host
-        self.extra_args = list(extra_args)
         self.slots = slots
         # server n serves /metrics on metrics_port_base + n - 1 (None: no metrics port)
         self.metrics_port_base = metrics_port_base
@@ -205,28 +205,8 @@ class LocalActuator(Actuator):
 
     async def _start(self, n: int) -> None:
         server_id = f"{self.id_prefix}-{n}"
-        argv = [
-            sys.executable,
-            "-m",
-            "deploy.cli",
-            "--log-level",
-            "WARNING",
-            "taskserver",
-            "--exit-with-parent",  # a gateway that dies takes its servers with it
-            "--id",
-            server_id,
-            "--host",
-            self.host,
-            "--port",
-            "0",
-            "--pool",
-            self.pool,
-            "--slots",
-            str(self.slots),
-            *self.extra_args,
-        ]
-        if self.metrics_port_base is not None:
-            argv += ["--metrics-port", str(self.metrics_port_base + n - 1)]
+        metrics = None if self.metrics_port_base is None else self.metrics_port_base + n - 1
+        argv = list(self.spawn(server_id, metrics))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.start_timeout_s
         try:

@@ -27,7 +27,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-from admission.controller import PolicyValueError
+from admission.errors import PolicyValueError
 
 __all__ = [
     "SCALE_DOWN_FACTOR",

@@ -43,7 +43,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from admission.autoscale import ScaleDecision
-from admission.controller import PolicyValueError
+from admission.errors import PolicyValueError
 from admission.queueing_models import central_waiting_cdf, erlang_c
 
 DISPATCHES = ("retry", "central")

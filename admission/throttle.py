@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 
-from admission.controller import PolicyValueError
+from admission.errors import PolicyValueError
 
 __all__ = ["AdmitThrottle"]
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections import deque
 
-from admission.controller import PolicyValueError
+from admission.errors import PolicyValueError
 
 __all__ = ["MissRatioWindow"]
 

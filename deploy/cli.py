@@ -13,6 +13,8 @@ import sys
 from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
+from taskserver.queues import QueuePolicy
+
 if TYPE_CHECKING:
     from deploy.config import TailgateConfig
 
@@ -548,7 +550,7 @@ def build_parser(*, light: bool = False) -> argparse.ArgumentParser:
     p.add_argument("--host")
     p.add_argument("--port", type=int, help="Thrift port (0: any free port)")
     p.add_argument("--metrics-port", type=int)
-    p.add_argument("--policy", choices=["tf-edfq", "t-edfq", "priq", "fifo"])
+    p.add_argument("--policy", choices=[p.value for p in QueuePolicy])
     p.add_argument("--slots", type=int)
     p.add_argument("--gateway", help="gateway URL to register with")
     p.add_argument("--pool")

@@ -18,6 +18,7 @@ from a table's ``token`` key.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import os
 import tomllib
 import types
@@ -119,6 +120,12 @@ def _convert(tp: Any, value: Any, key: str) -> Any:
         if not isinstance(value, Mapping):
             raise ConfigError(key, f"expected a table, got {_describe(value)}")
         return build(tp, value, key)
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        try:
+            return tp(value)
+        except ValueError:
+            valid = ", ".join(repr(m.value) for m in tp)
+            raise ConfigError(key, f"expected one of {valid}, got {_describe(value)}") from None
     if tp is bool:
         if not isinstance(value, bool):
             raise ConfigError(key, f"expected true or false, got {_describe(value)}")

@@ -45,6 +45,8 @@ from prometheus_client import CollectorRegistry
 from deploy.config import ENV_TOKEN, TailgateConfig
 from deploy.supervisor import Action, Phase, RestartBackoff, RestartDecision, RestartPolicy
 from gateway.config import GatewayConfig, PoolConfig
+from taskserver.queues import QueuePolicy
+from taskserver.spawn import tailgate_argv, taskserver_argv
 
 log = logging.getLogger(__name__)
 
@@ -94,10 +96,8 @@ class UpOptions:
             )
         if not 1 <= self.port <= 65535:
             raise ValueError(f"--port: must be 1..65535, got {self.port}")
-        if self.policy is not None and self.policy not in ("tf-edfq", "t-edfq", "priq", "fifo"):
-            raise ValueError(
-                f"--policy: must be tf-edfq, t-edfq, priq or fifo, got {self.policy!r}"
-            )
+        if self.policy is not None:
+            QueuePolicy.parse(self.policy, "--policy")
         if self.max_servers is not None and self.max_servers < max(self.servers, 1):
             raise ValueError(
                 f"--max-servers: must be >= --servers ({self.servers}), got {self.max_servers}"
@@ -123,41 +123,23 @@ class ChildSpec:
 
 
 def _cli(config_path: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "deploy.cli",
-        *(["--config", config_path] if config_path else []),
-        "--log-level",
-        "WARNING",
-    ]
+    return tailgate_argv(config_path or None)
 
 
 def _taskserver_argv(
     config_path: str, opts: UpOptions, server_id: str, pool: str, url: str, metrics_index: int
 ) -> list[str]:
-    argv = [
-        *_cli(config_path),
-        "taskserver",
-        "--exit-with-parent",
-        "--id",
+    return taskserver_argv(
         server_id,
-        "--host",
-        opts.host,
-        "--port",
-        "0",
-        "--gateway",
-        url,
-        "--pool",
-        pool,
-    ]
-    if opts.policy:
-        argv += ["--policy", opts.policy]
-    if opts.slots:
-        argv += ["--slots", str(opts.slots)]
-    if opts.metrics:
-        argv += ["--metrics-port", str(opts.port + 100 + metrics_index)]
-    return argv
+        host=opts.host,
+        gateway_url=url,
+        pool=pool,
+        policy=opts.policy,
+        slots=opts.slots or None,
+        metrics_port=opts.port + 100 + metrics_index if opts.metrics else None,
+        config_path=config_path or None,
+        exit_with_parent=True,
+    )
 
 
 def taskserver_spec(

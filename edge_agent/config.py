@@ -20,6 +20,7 @@ from typing import Any
 
 from edge_agent.profiles import PROFILE_NAMES
 from edge_agent.readers import SIMULATED_SENSORS, check_sensor_name
+from taskserver.queues import QueuePolicy
 from taskserver.registration import check_token
 
 __all__ = [
@@ -36,7 +37,6 @@ __all__ = [
 ENV_TOKEN = "TAILGATE_AGENT_TOKEN"
 ENV_TOKEN_FILE = "TAILGATE_AGENT_TOKEN_FILE"
 READERS = ("simulated", "iio", "command")
-POLICIES = ("tf-edfq", "t-edfq", "priq", "fifo")
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 _INTERVAL = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -88,7 +88,7 @@ class AgentConfig:
     """Readings older than this are pruned (548 days: 18 months)."""
     prune_interval_s: float = 3600.0
     """Seconds between two prunes."""
-    policy: str = "tf-edfq"
+    policy: QueuePolicy = QueuePolicy.TF_EDFQ
     """Queue discipline of the agent's task queue: tf-edfq, t-edfq, priq or fifo."""
     slots: int = 1
     """Tasks served concurrently (a Pi serves one query at a time)."""
@@ -138,8 +138,7 @@ class AgentConfig:
             _positive(name, getattr(self, name))
         if not 0 <= self.drain_timeout_s <= 600:
             raise ValueError(f"drain_timeout_s: must be 0..600, got {self.drain_timeout_s}")
-        if self.policy not in POLICIES:
-            raise ValueError(f"policy: must be one of {', '.join(POLICIES)}, got {self.policy!r}")
+        object.__setattr__(self, "policy", QueuePolicy.parse(self.policy))
         if self.slots < 1:
             raise ValueError(f"slots: must be >= 1, got {self.slots}")
         if self.profile not in PROFILE_NAMES:

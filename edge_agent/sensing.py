@@ -51,7 +51,7 @@ from typing import Any
 from edge_agent.profiles import ServiceProfile
 from edge_agent.store import Readings, SensorStore, StoreError, UnknownSensor
 from taskserver import jsonbody
-from taskserver.executors import Executor, ExecutorError
+from taskserver.abc import Executor, ExecutorError
 
 __all__ = ["OPS", "SensingExecutor", "decode_series", "encode_series", "iso", "parse_time"]
 

@@ -155,7 +155,7 @@ async def get_classes(request: web.Request) -> web.Response:
 
 async def get_admission(request: web.Request) -> web.Response:
     """GET /v1/admission: window, thresholds, counters and recent decisions."""
-    return web.json_response(request.app[SERVICE_KEY].guard.snapshot())
+    return web.json_response(request.app[SERVICE_KEY].gate.snapshot())
 
 
 async def get_autoscaler(request: web.Request) -> web.Response:

@@ -13,11 +13,12 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from admission import MissRatioWindow, SwayamPolicy, ThresholdAutoscaler
 from gateway.config import AutoscalingConfig
+from taskserver.spawn import taskserver_argv
 
 if TYPE_CHECKING:
     from admission.actuators import Actuator
@@ -170,6 +171,29 @@ class AutoscalerLoop:
         }
 
 
+def local_spawn(
+    pool: str = "default",
+    slots: int = 1,
+    extra_args: Sequence[str] = (),
+    host: str = "127.0.0.1",
+) -> Callable[[str, int | None], list[str]]:
+    """The command line of a task server the local actuator starts: it leaves with this
+    gateway (``--exit-with-parent``) and registers itself through the actuator."""
+
+    def spawn(server_id: str, metrics_port: int | None) -> list[str]:
+        return taskserver_argv(
+            server_id,
+            host=host,
+            pool=pool,
+            slots=slots,
+            metrics_port=metrics_port,
+            exit_with_parent=True,
+            extra_args=extra_args,
+        )
+
+    return spawn
+
+
 def make_actuator(
     config: AutoscalingConfig,
     gateway_url: str,
@@ -185,9 +209,9 @@ def make_actuator(
     if config.actuator == "local":
         return LocalActuator(
             gateway_url=gateway_url,
+            spawn=local_spawn(config.pool, slots, extra_args),
             pool=config.pool,
             id_prefix="ts",
-            extra_args=extra_args,
             slots=slots,
             token=token,
             metrics_port_base=metrics_port_base,

@@ -11,6 +11,8 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from admission.config import AdmissionConfig
+from taskserver.queues import QueuePolicy
 from taskserver.registration import check_token
 from taskserver.service_time import ServiceSpec
 
@@ -73,7 +75,7 @@ class PoolConfig:
     queueing: str = "server"
     """`server`: tasks go out at once and queue on the server; `central`: the
     gateway keeps a policy queue per server and sends when a slot is free."""
-    policy: str = "tf-edfq"
+    policy: QueuePolicy = QueuePolicy.TF_EDFQ
     """Queue discipline of the gateway-side queues in central mode."""
     cdf: str = "per-server"
     """`per-server`: one online CDF per server; `shared`: one CDF for the pool; `cluster`: one
@@ -93,10 +95,7 @@ class PoolConfig:
             raise ValueError("name: must not be empty")
         if self.queueing not in ("server", "central"):
             raise ValueError(f"queueing: must be 'server' or 'central', got {self.queueing!r}")
-        if self.policy not in ("tf-edfq", "t-edfq", "priq", "fifo"):
-            raise ValueError(
-                f"policy: must be one of tf-edfq, t-edfq, priq, fifo, got {self.policy!r}"
-            )
+        object.__setattr__(self, "policy", QueuePolicy.parse(self.policy))
         if self.cdf not in ("per-server", "shared", "cluster"):
             raise ValueError(f"cdf: must be 'per-server', 'shared' or 'cluster', got {self.cdf!r}")
         if self.prior_overhead_ms < 0:
@@ -108,70 +107,6 @@ class PoolConfig:
                 raise ValueError(f"clusters[{i}]{str(exc).removeprefix('cluster')}") from None
         if len(set(self.clusters)) != len(self.clusters):
             raise ValueError(f"clusters: a cluster is named twice in {list(self.clusters)}")
-
-
-@dataclass(frozen=True, slots=True)
-class AdmissionConfig:
-    """Admission control on the task deadline-miss ratio (TailGuard §III.D)."""
-
-    policy: str = "miss-ratio"
-    """`miss-ratio` (reject while the windowed miss ratio is above threshold) or `none`."""
-    threshold: float = 0.017
-    """R_cth^U: the miss ratio above which new queries are rejected."""
-    release_threshold: float | None = None
-    """Admit again once the ratio falls below this (default: threshold)."""
-    window_tasks: int = 100_000
-    """Moving window by task count (0: use window_s)."""
-    window_s: float = 0.0
-    """Moving window by time, in seconds (used when window_tasks is 0)."""
-    window_max_age_s: float = 5.0
-    """A count window with no new task for this long is cleared: while queries are rejected
-    no task feeds it, and stale misses would otherwise reject forever."""
-    rule: str = "reject-all"
-    """reject-all, lowest-class-first, largest-fanout-first, cost-ladder or throttle."""
-    max_defer_ms: float = 500.0
-    """Longest a deferred query waits in the gateway before it is admitted or rejected."""
-    throttle_interval_s: float = 0.05
-    """throttle: how often the admitted fraction is stepped."""
-    throttle_gain: float = 0.5
-    """throttle: integral gain on log(threshold / miss ratio) per step."""
-    throttle_min_fraction: float = 0.02
-    """throttle: the admitted fraction never drops below this (keeps the window fed)."""
-
-    def __post_init__(self) -> None:
-        if self.policy not in ("miss-ratio", "none"):
-            raise ValueError(f"policy: must be 'miss-ratio' or 'none', got {self.policy!r}")
-        if not 0 < self.threshold < 1:
-            raise ValueError(f"threshold: must be in (0, 1), got {self.threshold}")
-        if self.release_threshold is not None and not 0 < self.release_threshold <= self.threshold:
-            raise ValueError(
-                f"release_threshold: must be in (0, threshold], got {self.release_threshold}"
-            )
-        if self.window_tasks < 0 or (self.window_tasks == 0 and self.window_s <= 0):
-            raise ValueError(
-                "window_tasks: give window_tasks > 0, or window_tasks = 0 and window_s > 0"
-            )
-        rules = (
-            "reject-all",
-            "lowest-class-first",
-            "largest-fanout-first",
-            "cost-ladder",
-            "throttle",
-        )
-        if self.rule not in rules:
-            raise ValueError(f"rule: must be one of {', '.join(rules)}, got {self.rule!r}")
-        if self.max_defer_ms < 0:
-            raise ValueError(f"max_defer_ms: must be >= 0, got {self.max_defer_ms}")
-        if self.window_max_age_s <= 0:
-            raise ValueError(f"window_max_age_s: must be > 0, got {self.window_max_age_s}")
-        if not self.throttle_interval_s > 0:
-            raise ValueError(f"throttle_interval_s: must be > 0, got {self.throttle_interval_s}")
-        if not self.throttle_gain > 0:
-            raise ValueError(f"throttle_gain: must be > 0, got {self.throttle_gain}")
-        if not 0 < self.throttle_min_fraction <= 1:
-            raise ValueError(
-                f"throttle_min_fraction: must be in (0, 1], got {self.throttle_min_fraction}"
-            )
 
 
 @dataclass(frozen=True, slots=True)

@@ -115,8 +115,8 @@ def live_snapshot(service: GatewayService, wall: float) -> dict[str, Any]:
         },
         "admission": {
             "rule": a.rule if a.policy != "none" else "none",
-            "miss_ratio": round(service.guard.window.ratio(now), 6),
-            "overloaded": service.guard.controller.overloaded,
+            "miss_ratio": round(service.gate.window.ratio(now), 6),
+            "overloaded": service.gate.controller.overloaded,
         },
         "servers": servers,
         "servers_total": len(links),

@@ -59,7 +59,7 @@ from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.pool import StaticPool
 
-from gateway.overload import nearest_rank
+from admission import nearest_rank
 
 if TYPE_CHECKING:
     from gateway.service import GatewayService
@@ -286,7 +286,7 @@ def read_figures(service: GatewayService) -> Figures:
     now = service.clock()
     m = service.metrics
     m.server_windows.update(now)
-    window = service.guard.window
+    window = service.gate.window
     miss = {"all": window.ratio(now)}
     for c in service.config.classes:
         miss[c.name] = window.ratio(now, c.name)
@@ -302,7 +302,7 @@ def read_figures(service: GatewayService) -> Figures:
         latencies_ms=m.drain_latencies(),
         percentiles={c.name: c.percentile for c in service.config.classes},
         queries=queries,
-        deferred=dict(service.guard.controller.deferred),
+        deferred=dict(service.gate.controller.deferred),
         queue={lk.server_id: (lk.pool, len(lk.outstanding)) for lk in links},
         servers=dict(Counter(lk.display_state for lk in links)),
         replicas=(

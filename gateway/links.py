@@ -32,12 +32,13 @@ from typing import Any
 
 from taskserver.messages import result_problem
 from taskserver.ownership import claim_proof
-from taskserver.queues import QueuedTask, create_task_queue
+from taskserver.queues import QueuedTask, QueuePolicy, create_task_queue
 from taskserver.wire import (
     DEFAULT_LIMITS,
     ONEWAY,
     Batcher,
     ProtocolViolation,
+    TaskStatus,
     ThriftConnection,
     WireError,
     WireLimits,
@@ -124,7 +125,7 @@ class ServerLink:
         cluster: str | None = None,
         slots: int = 1,
         central: bool = False,
-        policy: str = "tf-edfq",
+        policy: QueuePolicy = QueuePolicy.TF_EDFQ,
         on_result: ResultCallback,
         on_failure: FailureCallback,
         clock: Callable[[], float] = time.perf_counter,
@@ -557,7 +558,7 @@ class ServerLink:
         del self.outstanding[r.query_id]
         if self._idle_waiters:
             self._notify_idle()
-        if r.status == 3:
+        if r.status == TaskStatus.REJECTED:
             self._poll_now.set()  # REJECTED: is the server draining, or owned elsewhere now?
         now = self.clock()
         self.results += 1

@@ -15,14 +15,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from admission import MissRatioWindow
+from admission import AdmissionGate, MissRatioWindow
 from taskserver.metrics import LiteHistogram
 
 if TYPE_CHECKING:
     from gateway.autoscaling import AutoscalerLoop
     from gateway.cdf import CdfBook
     from gateway.links import ServerLink
-    from gateway.overload import OverloadGuard
 
 QUERY_BUCKETS_S = (
     0.0005,
@@ -116,7 +115,7 @@ class GatewayView(Protocol):
 
     links: dict[str, ServerLink]
     book: CdfBook
-    guard: OverloadGuard
+    gate: AdmissionGate
     autoscaler: AutoscalerLoop | None
 
     def clock(self) -> float:
@@ -282,7 +281,7 @@ class _GatewayCollector(Collector):
             "Admission DEFER decisions, by class and reason (a query held twice counts twice).",
             labels=["class", "reason"],
         )
-        for (cls, reason), n in sorted(view.guard.controller.deferred.items()):
+        for (cls, reason), n in sorted(view.gate.controller.deferred.items()):
             deferred.add_metric([cls, reason], n)
         yield deferred
         scaler = view.autoscaler

@@ -7,16 +7,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from taskserver import jsonbody
+from taskserver.wire import TaskStatus
 
-# Task outcome statuses as the API reports them.
-OK = "ok"
-FAILED = "failed"
-CANCELLED = "cancelled"
-REJECTED = "rejected"
-DROPPED = "dropped"
+# Task outcome statuses as the API reports them: the IDL's TaskStatus in lower case, and two
+# of the gateway's own (the server was lost; the query's deadline bound passed).
+OK = TaskStatus.OK.label
+FAILED = TaskStatus.FAILED.label
+CANCELLED = TaskStatus.CANCELLED.label
+REJECTED = TaskStatus.REJECTED.label
+DROPPED = TaskStatus.DROPPED.label
 LOST = "lost"
 TIMEOUT = "timeout"
-WIRE_STATUS = {0: OK, 1: FAILED, 2: CANCELLED, 3: REJECTED, 4: DROPPED}
+WIRE_STATUS = {s.value: s.label for s in TaskStatus}
 
 
 @dataclass(slots=True)

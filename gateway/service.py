@@ -24,7 +24,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from admission import QueryInfo
+from admission import AdmissionGate, QueryInfo
 from gateway.autoscaling import AutoscalerLoop, make_actuator
 from gateway.cdf import CdfBook
 from gateway.config import GatewayConfig, PoolConfig, parse_address
@@ -33,7 +33,7 @@ from gateway.errors import NotFound, SloUnreachableError, Unavailable
 from gateway.history import HistoryRecorder
 from gateway.links import LinkDown, PendingTask, ServerLink
 from gateway.metrics import GatewayMetrics, fanout_bucket
-from gateway.overload import OverloadGuard
+from gateway.overload import admit
 from gateway.queries import (
     CANCELLED,
     DROPPED,
@@ -117,10 +117,14 @@ class GatewayService:
             tail_fraction=config.tail_fraction,
         )
         self.estimator = DeadlineEstimator(self.book)
-        self.guard = OverloadGuard(config, clock)
+        # The gate's draws (the throttle's) follow the service's generator, so a seeded
+        # service repeats its decisions.
+        self.gate = AdmissionGate(
+            config.admission, config.classes, clock, seed=self.rng.getrandbits(64)
+        )
         self.autoscaler: AutoscalerLoop | None = None
         self.metrics.bind_window(
-            lambda c: self.guard.window.ratio(self.clock(), c), [c.name for c in config.classes]
+            lambda c: self.gate.window.ratio(self.clock(), c), [c.name for c in config.classes]
         )
         self.links: dict[str, ServerLink] = {}
         self.targets = TargetPicker(config, self.links, self.rng)
@@ -377,9 +381,9 @@ class GatewayService:
             raise self._unreachable(down)
         # Admission (TailGuard §III.D): may hold the query (DEFER) or refuse it (503).
         try:
-            if self.guard.enabled and not self.guard.clearly_admitted():
+            if not self.gate.clearly_admitted():
                 info = QueryInfo(cls, req.priority, len(links), req.slo_ms, plan.unloaded_ms)
-                await self.guard.admit(info, self._queue_pressure)
+                await admit(self.gate, info, self._queue_pressure, self.config.retry_after_s)
         except Unavailable as exc:
             self.metrics.queries.labels(cls, "rejected").inc()
             self.metrics.admission_rejected(cls, str(exc.extra.get("reason", "")))
@@ -480,7 +484,7 @@ class GatewayService:
         if statuses == {OK}:
             status = 200
             outcome = "met" if body["met_slo"] else "missed_slo"
-            self.guard.record_query(cls, latency_ms, req.slo_ms)
+            self.gate.record_query(cls, latency_ms, req.slo_ms)
             self.metrics.query_answered(cls, run.fanout, latency_ms)
         else:
             bad = [o for o in outcomes if o.status not in (OK, CANCELLED)]
@@ -587,8 +591,7 @@ class GatewayService:
 
     def _queue_pressure(self) -> float:
         """Tasks waiting beyond the servers' slots, per slot (0: nothing queued)."""
-        if self.guard.controller.rule != "cost-ladder":
-            return 0.0  # only the cost ladder reads it; skip the walk over every link
+        # Read only when the admission rule declares it needs it (admission.Signal).
         slots = sum(lk.slots for lk in self.links.values()) or 1
         waiting = sum(max(len(lk.outstanding) - lk.slots, 0) for lk in self.links.values())
         return waiting / slots
@@ -615,7 +618,7 @@ class GatewayService:
             if not link.central:
                 # TailGuard §III.D: the miss flag comes back with the result (central
                 # queueing counted it at the dequeue, _on_dequeue).
-                self.guard.note_task(missed, p.class_name)
+                self.gate.note_task(missed, p.class_name)
             if self.autoscaler is not None:
                 self.autoscaler.record_task(missed, link.pool)
             if missed:
@@ -637,7 +640,7 @@ class GatewayService:
 
     def _on_dequeue(self, link: ServerLink, p: PendingTask) -> None:
         """Central queueing: a task left this gateway's queue; its miss is known now."""
-        self.guard.note_task(bool(p.missed_deadline), p.class_name)
+        self.gate.note_task(bool(p.missed_deadline), p.class_name)
 
     def _on_failure(self, link: ServerLink, p: PendingTask, status: str, reason: str) -> None:
         self.metrics.task_done(link.pool, status)

@@ -35,7 +35,7 @@ from typing import Any
 from edge_agent.backfill import BackfillResult, seed_store
 from edge_agent.profiles import PROFILE_TARGETS
 from edge_agent.sensing import iso
-from taskserver.wire import Batcher, ThriftConnection, gateway_body_types, thrift
+from taskserver.wire import Batcher, TaskStatus, ThriftConnection, gateway_body_types, thrift
 
 DAY_S = 86_400
 
@@ -172,7 +172,7 @@ async def bench_rss(db: str, tasks: int = 200) -> int:
         async with TaskClient(address) as client:
             for _ in range(tasks):
                 res = await client.run(range_payload(rng, time.time()))
-                if res.status != 0:
+                if res.status != TaskStatus.OK:
                     raise RuntimeError(f"task failed: {res.error}")
             serving = rss_kib(proc.pid)
     print(f"rss: {idle / 1024:.1f} MiB idle, {serving / 1024:.1f} MiB after {tasks} range reads")
@@ -195,7 +195,7 @@ async def bench_profile(db: str, profile: str, tasks: int, agents: int) -> tuple
         async with agent_process(db, *args) as (_, address), TaskClient(address) as client:
             for _ in range(per_agent):
                 res = await client.run(range_payload(rng, now))
-                if res.status != 0:
+                if res.status != TaskStatus.OK:
                     raise RuntimeError(f"task failed: {res.error}")
                 times.append(float(res.service_ms))
         return times

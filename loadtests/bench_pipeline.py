@@ -39,7 +39,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from deploy.pipelines import pipeline_config
-from taskserver.executors import ExecutorError
+from taskserver.abc import ExecutorError
 from taskserver.pard import Profile
 from taskserver.pipeline import (
     ModuleConfig,

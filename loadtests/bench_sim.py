@@ -19,6 +19,7 @@ from pathlib import Path
 from loadtests.sim.engine import simulate
 from loadtests.sim.scenario import load_scenario
 from loadtests.sim.workload import make_workload
+from taskserver.queues import QueuePolicy
 
 DEFAULT = Path(__file__).with_name("scenarios") / "fanout-single-class.toml"
 
@@ -28,7 +29,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("scenario", nargs="?", default=str(DEFAULT))
     parser.add_argument("--load", type=float, default=0.3)
-    parser.add_argument("--policy", default="tf-edfq")
+    parser.add_argument(
+        "--policy", default=QueuePolicy.TF_EDFQ.value, choices=[p.value for p in QueuePolicy]
+    )
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     scn = load_scenario(args.scenario)

@@ -47,6 +47,7 @@ from loadtests.procs import ServerProcs
 from taskserver.wire import (
     ONEWAY,
     Batcher,
+    TaskStatus,
     ThriftConnection,
     decode_message,
     encode_message,
@@ -176,7 +177,7 @@ async def duplex_rate(port: int, window: int, seconds: float) -> Row:
         results = [body.result] if name == "result" else body.results or []
         done += len(results)
         for res in results:
-            not_ok += res.status != 0
+            not_ok += res.status != TaskStatus.OK
             if running:
                 send()
         if not running and done >= sent:

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from taskserver.spawn import tailgate_argv, taskserver_argv
 from taskserver.wire import (
     CALL,
     EXCEPTION,
@@ -505,15 +506,14 @@ def start_target(
     The task server gets a short max_task_s and task_grace_s, so every fuzzed task has an
     outcome within seconds.
     """
-    argv = [sys.executable, "-m", "deploy.cli", "--log-level", "WARNING"]
     metrics_port = _free_port()
     if kind == "taskserver":
         cfg = workdir / "fuzz.toml"
         cfg.write_text("[taskserver]\nmax_task_s = 4.0\ntask_grace_s = 1.0\n")
-        argv += ["--config", str(cfg), "taskserver", "--id", "fuzz-ts", "--port", "0"]
-        argv += ["--metrics-port", str(metrics_port)]
+        argv = taskserver_argv("fuzz-ts", metrics_port=metrics_port, config_path=str(cfg))
     elif kind == "edge-agent":
-        argv += [
+        argv = [
+            *tailgate_argv(),
             "edge-agent", "run", "--id", "fuzz-pi", "--cluster", "lab", "--port", "0",
             "--db", str(workdir / "fuzz-agent.db"), "--metrics-port", str(metrics_port),
         ]  # fmt: skip

@@ -27,7 +27,7 @@ from typing import Any
 
 from deploy.pipelines import pipeline_config
 from loadtests.sim.traces import make_trace
-from taskserver.executors import ExecutorError, TaskDropped
+from taskserver.abc import ExecutorError, TaskDropped
 from taskserver.pipeline import PipelineExecutor
 
 

@@ -7,8 +7,9 @@ import contextlib
 import json
 import os
 import signal
-import sys
 from collections.abc import Sequence
+
+from taskserver.spawn import taskserver_argv
 
 
 class ServerProcs:
@@ -26,17 +27,7 @@ class ServerProcs:
         for i in range(self.n):
             sid = f"{self.prefix}-{i + 1}"
             p = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "deploy.cli",
-                "--log-level",
-                "WARNING",
-                "taskserver",
-                "--id",
-                sid,
-                "--port",
-                "0",
-                *self.extra_args,
+                *taskserver_argv(sid, extra_args=self.extra_args),
                 stdout=asyncio.subprocess.PIPE,
                 env=env,
             )

@@ -24,7 +24,7 @@ class TaskServerConfig:
     """Thrift port (0 picks a free one)."""
     metrics_port: int = 0
     """HTTP port for /metrics and /healthz (0 disables it)."""
-    policy: str = "tf-edfq"
+    policy: QueuePolicy = QueuePolicy.TF_EDFQ
     """Queue discipline: tf-edfq, t-edfq, priq or fifo."""
     slots: int = 1
     """Tasks served concurrently (the server's cores or GPU streams)."""
@@ -71,9 +71,7 @@ class TaskServerConfig:
             raise ValueError(f"port: must be 0..65535, got {self.port}")
         if not 0 <= self.metrics_port <= 65535:
             raise ValueError(f"metrics_port: must be 0..65535, got {self.metrics_port}")
-        valid = [p.value for p in QueuePolicy]
-        if self.policy not in valid:
-            raise ValueError(f"policy: must be one of {', '.join(valid)}, got {self.policy!r}")
+        object.__setattr__(self, "policy", QueuePolicy.parse(self.policy))
         if self.slots < 1:
             raise ValueError(f"slots: must be >= 1, got {self.slots}")
         if self.max_queue < 1:

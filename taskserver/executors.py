@@ -1,15 +1,8 @@
-"""Executors run one task's payload on a task server.
+"""Executors run one task's payload on a task server: `EmulatedExecutor` here.
 
-Errors::
-
-    Exception
-     └── ExecutorError   the payload was invalid or its execution failed; the message is
-          │              sent back to the gateway as the task's error
-          └── TaskDropped  the executor dropped the task on purpose: it could not meet its
-                           latency budget (PARD); reported as DROPPED, not FAILED
-
-An executor is the extension point of the task server: EmulatedExecutor here, ONNX pipelines
-and sensing queries elsewhere, all behind `Executor.execute(payload) -> bytes`.
+The interface, its optional hooks and the error tree (`ExecutorError`, `TaskDropped`) live
+in `taskserver.abc` and are re-exported from here; ONNX pipelines and sensing queries are
+executors elsewhere, all behind `Executor.execute(payload) -> bytes`.
 """
 
 from __future__ import annotations
@@ -20,10 +13,10 @@ import math
 import random
 import threading
 import time
-from abc import ABC, abstractmethod
 from typing import Literal
 
 from taskserver import jsonbody
+from taskserver.abc import Executor, ExecutorError, TaskDropped
 from taskserver.service_time import ServiceTimeDistribution
 
 __all__ = ["EmulatedExecutor", "Executor", "ExecutorError", "TaskDropped"]
@@ -31,31 +24,6 @@ __all__ = ["EmulatedExecutor", "Executor", "ExecutorError", "TaskDropped"]
 # asyncio timers fire through epoll, whose timeout has 1 ms granularity: sleep through the
 # loop until this close to the end, then yield to the loop until the exact time has come.
 _SLEEP_MARGIN_S = 0.001
-
-
-class ExecutorError(Exception):
-    """The task's payload or execution failed; the message goes back to the gateway."""
-
-
-class TaskDropped(ExecutorError):
-    """The task was dropped because it could not meet its latency budget."""
-
-
-class Executor(ABC):
-    """Runs task payloads; one instance per task server."""
-
-    name: str
-
-    @abstractmethod
-    async def execute(self, payload: bytes, *, budget_ms: float | None = None) -> bytes:
-        """Run one task and return its result bytes; raise ExecutorError on failure.
-
-        budget_ms: what is left of the task's query's end-to-end SLO when it starts here
-        (None: unknown); a budget-aware executor may drop the task (TaskDropped) with it.
-        """
-
-    async def close(self) -> None:  # noqa: B027 - an optional hook, not an abstract method
-        """Release resources; the default has none."""
 
 
 def _parse_payload(payload: bytes) -> dict:

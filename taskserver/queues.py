@@ -38,6 +38,15 @@ class QueuePolicy(StrEnum):
     PRIQ = "priq"  # key (priority, arrival_s): smaller priority first, FIFO within a class
     FIFO = "fifo"  # key (arrival_s,)
 
+    @classmethod
+    def parse(cls, value: object, name: str = "policy") -> QueuePolicy:
+        """The policy a config value names; ValueError "name: must be one of ..." if none."""
+        try:
+            return cls(value)
+        except ValueError:
+            valid = ", ".join(p.value for p in cls)
+            raise ValueError(f"{name}: must be one of {valid}, got {value!r}") from None
+
 
 @dataclass(slots=True, eq=False)
 class QueuedTask:

@@ -38,6 +38,7 @@ from taskserver.wire import (
     Batcher,
     ConnectionClosed,
     ProtocolViolation,
+    TaskStatus,
     ThriftConnection,
     WireLimits,
     server_body_types,
@@ -229,8 +230,7 @@ class TaskService:
         elif name == "ping":
             conn.reply(name, seqid, body.token if type(body.token) is str else "")
         elif name == "pipeline_state":
-            published = getattr(self.executor, "published_state", None)
-            conn.reply(name, seqid, published() if callable(published) else b"")
+            conn.reply(name, seqid, self.executor.published_state())
 
     # -- the task path -------------------------------------------------------
     def submit(self, conn: ThriftConnection, task: Any) -> None:
@@ -241,14 +241,20 @@ class TaskService:
         now = self.clock()
         self.last_activity = now
         if self.draining:
-            self._send(conn, task, 3, now, now, 0.0, False, error="server is draining")
+            self._send(
+                conn, task, TaskStatus.REJECTED, now, now, 0.0, False, error="server is draining"
+            )
             return
         if not self.lease.admits(self._peers.get(conn), now):
-            self._send(conn, task, 3, now, now, 0.0, False, error=_OWNED_ELSEWHERE)
+            self._send(
+                conn, task, TaskStatus.REJECTED, now, now, 0.0, False, error=_OWNED_ELSEWHERE
+            )
             return
         problem = task_problem(task)
         if problem is not None:
-            self._send(conn, task, 3, now, now, 0.0, False, error=f"bad task: {problem}")
+            self._send(
+                conn, task, TaskStatus.REJECTED, now, now, 0.0, False, error=f"bad task: {problem}"
+            )
             return
         try:
             queued = QueuedTask(
@@ -263,7 +269,7 @@ class TaskService:
             )
             self.queue.push(queued)
         except QueueFull:
-            self._send(conn, task, 3, now, now, 0.0, False, error="queue full")
+            self._send(conn, task, TaskStatus.REJECTED, now, now, 0.0, False, error="queue full")
             return
         self._pump()
 
@@ -292,19 +298,23 @@ class TaskService:
         inbound: _Inbound = dq.task.item
         inbound.started = True
         task = inbound.task
-        status, result, error = 0, b"", None
+        status, result, error = TaskStatus.OK, b"", None
         try:
             result = await self.executor.execute(task.payload or b"", budget_ms=budget_ms)
         except TaskDropped as exc:
-            status, error = 4, str(exc)
+            status, error = TaskStatus.DROPPED, str(exc)
         except ExecutorError as exc:
-            status, error = 1, str(exc)
+            status, error = TaskStatus.FAILED, str(exc)
         except asyncio.CancelledError:
             # Given up by a drain or a stop: REJECTED, so the gateway may retry elsewhere.
-            status, error = (3, self._stop_reason) if self._stop_reason else (2, "cancelled")
+            status, error = (
+                (TaskStatus.REJECTED, self._stop_reason)
+                if self._stop_reason
+                else (TaskStatus.CANCELLED, "cancelled")
+            )
         except Exception as exc:  # an executor bug must not kill the server
             log.exception("executor failed on task %s/%s", task.query_id, task.task_index)
-            status, error = 1, f"internal error: {exc!r}"
+            status, error = TaskStatus.FAILED, f"internal error: {exc!r}"
         finally:
             if not inbound.reclaimed:
                 self.busy -= 1
@@ -358,7 +368,7 @@ class TaskService:
             service_s * 1000.0,
             (now - received_s) * 1000.0,
             missed,
-            result if status == 0 else None,
+            result if status == TaskStatus.OK else None,
             error,
         )
         if self.metrics is not None:
@@ -379,7 +389,16 @@ class TaskService:
             f"expired in the queue: its SLO budget ({inbound.task.slo_budget_ms:.0f} ms) plus "
             f"the grace ({self.task_grace_s:g} s) passed before a slot was free"
         )
-        self._send(inbound.conn, inbound.task, 1, inbound.received_s, now, 0.0, True, error=error)
+        self._send(
+            inbound.conn,
+            inbound.task,
+            TaskStatus.FAILED,
+            inbound.received_s,
+            now,
+            0.0,
+            True,
+            error=error,
+        )
 
     async def _watch(self) -> None:
         """The watchdog: every WATCH_PERIOD_S, take back the slots of overdue tasks."""
@@ -416,7 +435,16 @@ class TaskService:
             )
             if self.metrics is not None:
                 self.metrics.slots_reclaimed.inc()
-            self._send(inbound.conn, task, 1, inbound.received_s, now, 0.0, False, error=error)
+            self._send(
+                inbound.conn,
+                task,
+                TaskStatus.FAILED,
+                inbound.received_s,
+                now,
+                0.0,
+                False,
+                error=error,
+            )
         if overdue:
             self.last_activity = now
             if not self.draining or len(self.queue):
@@ -444,7 +472,11 @@ class TaskService:
         inbound.reclaimed = True  # nothing of the runner will run
         del self._running[runner]
         self.busy -= 1
-        status, error = (3, self._stop_reason) if self._stop_reason else (2, "cancelled")
+        status, error = (
+            (TaskStatus.REJECTED, self._stop_reason)
+            if self._stop_reason
+            else (TaskStatus.CANCELLED, "cancelled")
+        )
         now = self.clock()
         self._send(
             inbound.conn, inbound.task, status, inbound.received_s, now, 0.0, False, error=error
@@ -605,11 +637,10 @@ def build_service(
         from taskserver.metrics import TaskServerMetrics
 
         metrics = TaskServerMetrics(registry, config.server_id)
-        snapshot = getattr(executor, "snapshot", None)
-        if callable(snapshot):  # a pipeline executor: its PARD metrics too
+        if executor.snapshot() is not None:  # e.g. a pipeline executor: its PARD metrics too
             from taskserver.metrics import PipelineCollector
 
-            registry.register(PipelineCollector(snapshot, config.server_id))
+            registry.register(PipelineCollector(executor.snapshot, config.server_id))
     return TaskService(
         config.server_id,
         create_task_queue(config.policy, max_len=config.max_queue),

@@ -31,6 +31,7 @@ import logging
 import socket
 import struct
 from collections.abc import Callable
+from enum import IntEnum
 from functools import cache
 from pathlib import Path
 from types import ModuleType
@@ -78,16 +79,41 @@ class ConnectionClosed(WireError):
     """The connection closed while calls were outstanding."""
 
 
+class TaskStatus(IntEnum):
+    """``TaskStatus`` of ``tailgate.thrift``: what became of a task (see the IDL's comments).
+
+    Declared here so code names statuses, not numbers; `thrift()` checks it against the IDL
+    when it loads, so the two cannot drift apart.
+    """
+
+    OK = 0
+    FAILED = 1
+    CANCELLED = 2
+    REJECTED = 3
+    DROPPED = 4
+
+    @property
+    def label(self) -> str:
+        """The lower-case name the API and metrics use ("ok", "failed", ...)."""
+        return self.name.lower()
+
+
 @cache
 def thrift() -> ModuleType:
     """The module generated from ``tailgate.thrift`` (loaded once, on first use)."""
-    return thriftpy2.load(str(IDL_PATH), module_name="tailgate_thrift")
+    module = thriftpy2.load(str(IDL_PATH), module_name="tailgate_thrift")
+    idl = dict(module.TaskStatus._NAMES_TO_VALUES)
+    ours = {s.name: s.value for s in TaskStatus}
+    if idl != ours:
+        raise RuntimeError(f"TaskStatus in {IDL_PATH.name} is {idl}, wire.TaskStatus is {ours}")
+    return module
 
 
 @cache
 def status_names() -> dict[int, str]:
-    """TaskStatus values -> their lower-case names ("ok", "failed", ...), from the IDL."""
-    return {v: n.lower() for v, n in thrift().TaskStatus._VALUES_TO_NAMES.items()}
+    """TaskStatus values -> their lower-case names ("ok", "failed", ...)."""
+    thrift()  # checked against the IDL
+    return {s.value: s.label for s in TaskStatus}
 
 
 def encode_message(name: str, mtype: int, seqid: int, body: Any, size_hint: int = 0) -> bytes:

@@ -1,12 +1,13 @@
 """Run-time budget adjustment per class in the simulator (beyond TailGuard).
 
-The controller itself is gateway.budget.BudgetController, a pure policy the
-live gateway can run too; here it is fed by the simulator's epochs.
+The controller is `loadtests.sim.budget_controller.BudgetController`, a pure policy fed
+by the simulator's epochs. It is an experiment of the simulator only: the live gateway
+does not run it.
 """
 
 from __future__ import annotations
 
-from gateway.budget import BudgetController
+from loadtests.sim.budget_controller import BudgetController
 from loadtests.sim.engine import SimResult, simulate
 from loadtests.sim.scenario import Scenario
 

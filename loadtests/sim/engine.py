@@ -29,12 +29,12 @@ from admission import (
     ThresholdAutoscaler,
     vertical_step,
 )
-from gateway.budget import BudgetController
 from gateway.cdf import CdfBook
 from gateway.deadlines import DeadlineEstimator, SloUnreachable
 from gateway.table_cdf import prior_of
+from loadtests.sim.budget_controller import BudgetController
 from loadtests.sim.events import run_with_feedback
-from loadtests.sim.scenario import Scenario, SimAutoscaling
+from loadtests.sim.scenario import Scenario, SimAutoscaling, class_priorities
 from loadtests.sim.workload import Workload, make_workload
 from taskserver.queues import QueuedTask, create_task_queue
 from taskserver.service_time import make_distribution
@@ -142,14 +142,6 @@ def query_budgets(scn: Scenario, w: Workload, book: CdfBook, ids: list[str]) -> 
         except SloUnreachable:
             budgets[u] = np.nan
     return budgets[inverse.ravel()]
-
-
-def class_priorities(scn: Scenario) -> np.ndarray:
-    """PRIQ priority per class: the tighter the SLO, the higher the class (0 first)."""
-    order = sorted(range(len(scn.classes)), key=lambda i: (scn.classes[i].slo_ms, i))
-    prio = np.empty(len(order), dtype=np.int64)
-    prio[order] = np.arange(len(order))
-    return prio
 
 
 def simulate(

@@ -5,10 +5,11 @@ deadline-miss ratio, which the query handler learns task by task: at the dequeue
 queue sits in the handler (central queueing), with the task's result when it sits in the
 task server (server queueing). So here every server runs on one shared virtual clock,
 event by event: each dequeue is known at its moment, and each arriving query is put to
-the gateway's own admission shell (``gateway.overload.OverloadGuard``: the window, its
-age reset and the AdmissionController) against the window as it is at that arrival. A
-DEFER holds the query and asks again, as the gateway does. The autoscaler steps the
-servers' speed on the same outcomes; a task runs at the speed of the moment it starts.
+the admission gate the gateway runs (``admission.AdmissionGate``: the window, its age
+reset, the tails, the fast path and the rule) against the window as it is at that
+arrival, with the same inputs. A DEFER holds the query and asks again, as the gateway
+does. The autoscaler steps the servers' speed on the same outcomes; a task runs at the
+speed of the moment it starts.
 
 Outcomes that arrive between two queries reach the window together, stamped with the
 later query's arrival, which is the first moment a decision can see them.
@@ -24,10 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from admission import Action, QueryInfo
-from gateway.config import ClassConfig, GatewayConfig
-from gateway.overload import OverloadGuard
-from loadtests.sim.scenario import Scenario
+from admission import Action, AdmissionGate, QueryInfo
+from loadtests.sim.scenario import Scenario, class_priorities
 from loadtests.sim.workload import Workload
 from taskserver.queues import QueuedTask, create_task_queue
 
@@ -52,7 +51,7 @@ class FeedbackRun:
 
 
 class _Clock:
-    """The virtual clock the gateway's admission shell reads (seconds)."""
+    """The virtual clock the admission gate reads (seconds)."""
 
     __slots__ = ("now_s",)
 
@@ -75,16 +74,21 @@ class _Server:
         self.version = 0
 
 
-def guard_for(scn: Scenario, clock: Callable[[], float]) -> OverloadGuard:
-    """The gateway's admission shell, configured as the scenario's [admission] table."""
-    from loadtests.sim.engine import class_priorities
+@dataclass(frozen=True, slots=True)
+class _GateClass:
+    """A scenario class as the admission gate reads it (admission.gate.AdmissionClass)."""
 
+    name: str
+    priority: int
+    percentile: float
+
+
+def gate_for(scn: Scenario, clock: Callable[[], float]) -> AdmissionGate:
+    """The admission gate, configured as the scenario's [admission] table; its random draws
+    (the throttle's) come from the run's seed, so a run repeats exactly."""
     prio = class_priorities(scn)
-    classes = tuple(
-        ClassConfig(c.name, c.slo_ms, c.percentile, int(prio[i])) for i, c in enumerate(scn.classes)
-    )
-    config = GatewayConfig(classes=classes, admission=scn.admission, storage_url="")
-    return OverloadGuard(config, clock)
+    classes = [_GateClass(c.name, int(prio[i]), c.percentile) for i, c in enumerate(scn.classes)]
+    return AdmissionGate(scn.admission, classes, clock, seed=scn.run.seed)
 
 
 def run_with_feedback(
@@ -105,9 +109,8 @@ def run_with_feedback(
     dispatch, ret = scn.overhead.dispatch_ms, scn.overhead.return_ms
     names = [c.name for c in scn.classes]
     slo_ms = np.array([c.slo_ms for c in scn.classes])
-    from loadtests.sim.engine import class_priorities
-
     prio = class_priorities(scn)
+    slots_total = scn.servers.count * scn.servers.slots
     n_tasks = w.tasks
     start = np.full(n_tasks, np.nan)
     occupy = np.full(n_tasks, np.nan)
@@ -122,7 +125,7 @@ def run_with_feedback(
     task_query = np.repeat(np.arange(w.queries), w.fanout)
     servers = [_Server(policy, scn.servers.slots) for _ in range(scn.servers.count)]
     clock = _Clock()
-    guard = guard_for(scn, clock) if scn.admission.policy != "none" else None
+    gate = gate_for(scn, clock) if scn.admission.enabled else None
     # Outcomes on their way to the handler: (known at ms, seq, task or ~query).
     notes: list[tuple[float, int, int]] = []
     # Servers with queued tasks: (when a slot frees, server, version).
@@ -194,6 +197,10 @@ def run_with_feedback(
             queued_total += 1
         schedule(s, srv)
 
+    def queue_pressure() -> float:
+        """Tasks waiting beyond the servers' slots, per slot (the gateway's definition)."""
+        return queued_total / slots_total
+
     def deliver(t: float) -> None:
         """Outcomes the handler knows by time t, into the window (and the autoscaler)."""
         misses: dict[int, list[int]] = {}
@@ -204,13 +211,13 @@ def run_with_feedback(
                 pair = misses.setdefault(c, [0, 0])
                 pair[0] += bool(start[item] > deadline[item])
                 pair[1] += 1
-            elif guard is not None:
+            elif gate is not None:
                 q = ~item
                 c = int(w.cls[q])
-                guard.record_query(names[c], float(done_ms[q] - w.arrival_ms[q]), slo_ms[c])
+                gate.record_query(names[c], float(done_ms[q] - w.arrival_ms[q]), slo_ms[c])
         for c, (m, n) in misses.items():
-            if guard is not None:
-                guard.record_tasks(m, n, names[c])
+            if gate is not None:
+                gate.record_tasks(m, n, names[c])
             if scaler is not None:
                 scaler.record(m, n, t)
 
@@ -233,7 +240,7 @@ def run_with_feedback(
         if math.isnan(budget_ms[q]):
             continue  # its SLO is below x_p^u: the gateway's 422
         c = int(w.cls[q])
-        if guard is not None and not guard.clearly_admitted():
+        if gate is not None and not gate.clearly_admitted():
             info = QueryInfo(
                 names[c],
                 int(prio[c]),
@@ -242,8 +249,7 @@ def run_with_feedback(
                 float(unloaded_ms[q]),
                 waited,
             )
-            qp = queued_total / (scn.servers.count * scn.servers.slots)
-            d = guard.controller.decide(info, guard.pressure(qp), clock.now_s)
+            d = gate.decide(info, queue_pressure)
             if d.action is Action.REJECT:
                 rejected[q] = True
                 continue

@@ -30,6 +30,7 @@ from loadtests.sim.maxload import ci95, find_max_load
 from loadtests.sim.progress import ProgressBar, format_duration
 from loadtests.sim.report import MIN_TAIL_SAMPLES, Report, TailStat, report
 from loadtests.sim.scenario import Scenario, load_scenario
+from taskserver.queues import QueuePolicy
 from taskserver.service_time import ServiceSpec
 
 APPS = ("masstree", "shore", "xapian")
@@ -59,8 +60,13 @@ SWEEP_LOADS = tuple(round(0.1 + 0.05 * i, 2) for i in range(17))
 """Loads of the p99-vs-load curves: 0.10 .. 0.90."""
 FAR_PAST_SLO = 2.0
 """A sweep stops once every class's p99 exceeds this multiple of its SLO."""
-ALL_POLICIES = ("fifo", "priq", "t-edfq", "tf-edfq")
-POLICY_TITLES = {"fifo": "FIFO", "priq": "PRIQ", "t-edfq": "T-EDFQ", "tf-edfq": "TF-EDFQ"}
+ALL_POLICIES = (QueuePolicy.FIFO, QueuePolicy.PRIQ, QueuePolicy.T_EDFQ, QueuePolicy.TF_EDFQ)
+POLICY_TITLES = {
+    QueuePolicy.FIFO: "FIFO",
+    QueuePolicy.PRIQ: "PRIQ",
+    QueuePolicy.T_EDFQ: "T-EDFQ",
+    QueuePolicy.TF_EDFQ: "TF-EDFQ",
+}
 BUDGET_TITLE = "TF-EDFQ+budget"
 
 
@@ -413,7 +419,7 @@ class Settings:
     def columns(self, policies: Sequence[str]) -> list[tuple[str, bool]]:
         """(policy, budget_adjust) per column; TF-EDFQ with budget adjustment last if asked."""
         cols = [(p, False) for p in policies]
-        return [*cols, ("tf-edfq", True)] if self.budget else cols
+        return [*cols, (QueuePolicy.TF_EDFQ, True)] if self.budget else cols
 
 
 def with_slos(scn: Scenario, slos_ms: Sequence[float]) -> Scenario:
@@ -535,7 +541,8 @@ def _max_load_table(found: Found, row_keys: Sequence[str], row_header: Sequence[
         rows.setdefault(tuple(labels[k] for k in row_keys), {})[col] = s
     out = []
     for key, found_here in rows.items():
-        fifo, tf = found_here.get(("fifo", False)), found_here.get(("tf-edfq", False))
+        fifo = found_here.get((QueuePolicy.FIFO, False))
+        tf = found_here.get((QueuePolicy.TF_EDFQ, False))
         gain = _gain(fifo.max_load if fifo else 0.0, tf.max_load if tf else 0.0)
         cells = [
             _fmt(found_here[c].max_load, found_here[c]) if c in found_here else "-" for c in cols

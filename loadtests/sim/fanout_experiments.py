@@ -47,6 +47,7 @@ from loadtests.sim.experiments import (
 )
 from loadtests.sim.report import TailStat
 from loadtests.sim.scenario import Scenario
+from taskserver.queues import QueuePolicy
 
 
 def fanout_single_class(st: Settings, base: Scenario) -> list[str]:
@@ -55,7 +56,10 @@ def fanout_single_class(st: Settings, base: Scenario) -> list[str]:
     for app in st.apps:
         for slo in SINGLE_CLASS_SLOS_MS[app]:
             scn = with_slos(st.scenario(base, app), (slo,))
-            jobs += [({"app": app, "slo_ms": slo, "policy": p}, scn) for p in ("fifo", "tf-edfq")]
+            jobs += [
+                ({"app": app, "slo_ms": slo, "policy": p}, scn)
+                for p in (QueuePolicy.FIFO, QueuePolicy.TF_EDFQ)
+            ]
     found = _searches(st, "fanout-single-class", jobs)
     _write_searches(st, found)
 
@@ -153,7 +157,7 @@ def fanout_two_classes(st: Settings, base: Scenario) -> list[str]:
 
 def fixed_fanout_two_classes(st: Settings, base: Scenario) -> list[str]:
     """Experiment 3: k_f = N = 100, two classes; per-class p99 vs load, max load per policy."""
-    policies = ("fifo", "priq", "tf-edfq")
+    policies = (QueuePolicy.FIFO, QueuePolicy.PRIQ, QueuePolicy.TF_EDFQ)
     pool = st.pool("fixed-fanout-two-classes")
     labels: list[Labels] = []
     sweep_runs = len(SWEEP_LOADS) + _bisection_runs(0.05, st.tol) - 2

@@ -29,9 +29,10 @@ from typing import Any
 
 import numpy as np
 
-from gateway.config import AdmissionConfig
+from admission.config import AdmissionConfig
 from loadtests.sim.engine import SimResult, simulate
 from loadtests.sim.report import percentile, report
+from taskserver.queues import QueuePolicy
 
 ADMISSION_LOADS = (0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 RULES = (
@@ -138,7 +139,9 @@ def _calibrate(job: int, scn: Any, tol: float) -> tuple[float, float]:
     from loadtests.sim.maxload import find_max_load
 
     bare = replace(scn, admission=AdmissionConfig(policy="none"))
-    m = find_max_load(bare, "tf-edfq", lo=ex.LOW, hi=ex.HIGH, tol=tol, run=ex._runner(job))
+    m = find_max_load(
+        bare, QueuePolicy.TF_EDFQ, lo=ex.LOW, hi=ex.HIGH, tol=tol, run=ex._runner(job)
+    )
     res = simulate(bare, m.max_load) if m.max_load > 0 else None
     _tick(job)
     return m.max_load, (res.miss_ratio if res is not None else math.nan)

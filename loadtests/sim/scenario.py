@@ -15,8 +15,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from admission.config import AdmissionConfig
 from deploy.config import ConfigError, build
-from gateway.config import AdmissionConfig
 from taskserver.queues import QueuePolicy
 from taskserver.service_time import ServiceSpec
 
@@ -213,7 +215,7 @@ class OverheadSpec:
 class RunSpec:
     """How to run the scenario."""
 
-    policy: str = "tf-edfq"
+    policy: QueuePolicy = QueuePolicy.TF_EDFQ
     """Queue policy: tf-edfq, t-edfq, priq or fifo."""
     queries: int = 400_000
     """Queries to simulate."""
@@ -227,9 +229,7 @@ class RunSpec:
     """Adjust each class's budget at run time from its tail-vs-SLO gap (beyond the paper)."""
 
     def __post_init__(self) -> None:
-        valid = [p.value for p in QueuePolicy]
-        if self.policy not in valid:
-            raise ValueError(f"policy: must be one of {', '.join(valid)}, got {self.policy!r}")
+        object.__setattr__(self, "policy", QueuePolicy.parse(self.policy))
         if self.queries < 10:
             raise ValueError(f"queries: must be >= 10, got {self.queries}")
         if not 0 <= self.warmup < 0.9:
@@ -377,3 +377,11 @@ def read_scenario_toml(path: str | Path) -> dict[str, Any]:
 def load_scenario(path: str | Path) -> Scenario:
     """Load a scenario file; errors name the file and the key."""
     return parse_scenario(read_scenario_toml(path), str(path), Path(path).parent)
+
+
+def class_priorities(scn: Scenario) -> np.ndarray:
+    """PRIQ priority per class: the tighter the SLO, the higher the class (0 first)."""
+    order = sorted(range(len(scn.classes)), key=lambda i: (scn.classes[i].slo_ms, i))
+    prio = np.empty(len(order), dtype=np.int64)
+    prio[order] = np.arange(len(order))
+    return prio

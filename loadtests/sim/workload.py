@@ -14,6 +14,7 @@ from functools import cache
 import numpy as np
 
 from loadtests.sim.scenario import Scenario
+from taskserver.queues import QueuePolicy
 from taskserver.service_time import ServiceSpec, make_distribution
 
 # Service quantile table used for vectorised sampling; beyond it, the exact
@@ -100,7 +101,7 @@ def _cached_draws(scn: Scenario) -> _Draws:
     key = repr(
         replace(
             scn,
-            run=replace(scn.run, policy="fifo", budget_adjust=False),
+            run=replace(scn.run, policy=QueuePolicy.FIFO, budget_adjust=False),
             admission=replace(scn.admission, policy="none"),
             autoscaling=replace(scn.autoscaling, enabled=False),
         )

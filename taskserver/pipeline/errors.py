@@ -18,7 +18,7 @@ time) or PipelineConfigError (at load time), chained with ``raise ... from exc``
 
 from __future__ import annotations
 
-from taskserver.executors import ExecutorError, TaskDropped
+from taskserver.abc import ExecutorError, TaskDropped
 
 __all__ = [
     "BadPayload",

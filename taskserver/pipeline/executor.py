@@ -57,7 +57,7 @@ from typing import Any
 import numpy as np
 
 from taskserver import jsonbody
-from taskserver.executors import Executor, ExecutorError, TaskDropped
+from taskserver.abc import Executor, ExecutorError, TaskDropped
 from taskserver.pard import (
     Decision,
     ModuleState,

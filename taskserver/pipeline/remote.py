@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from taskserver import jsonbody
-from taskserver.executors import ExecutorError
+from taskserver.abc import ExecutorError
 from taskserver.messages import result_problem
 from taskserver.pard import ModuleState
 from taskserver.wire import (

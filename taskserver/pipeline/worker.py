@@ -35,7 +35,7 @@ from typing import Protocol
 
 import numpy as np
 
-from taskserver.executors import ExecutorError
+from taskserver.abc import ExecutorError
 from taskserver.pard import Decision, Dropper, PipelineRequest, RequestBroker, StatePlanner
 from taskserver.pipeline.config import ModuleConfig
 from taskserver.pipeline.errors import InferenceFailed

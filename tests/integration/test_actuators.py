@@ -17,6 +17,7 @@ import yaml
 from aiohttp import web
 
 from admission.actuators import ActuatorError, KubernetesActuator, LocalActuator
+from gateway.autoscaling import local_spawn
 from tests.integration.conftest import Cluster, query
 
 pytestmark = pytest.mark.integration
@@ -74,7 +75,11 @@ async def test_local_actuator_scales_real_task_servers(
     gw = cluster.gateway()
     metrics_base = _two_free_ports()  # auto-1 serves /metrics on it, auto-2 on the next
     act = LocalActuator(
-        gateway_url=gw.url, id_prefix="auto", start_timeout_s=20, metrics_port_base=metrics_base
+        gateway_url=gw.url,
+        spawn=local_spawn(),
+        id_prefix="auto",
+        start_timeout_s=20,
+        metrics_port_base=metrics_base,
     )
     try:
         assert await act.scale_to(2) == 2
@@ -118,7 +123,9 @@ async def test_local_actuator_scales_real_task_servers(
 async def test_local_actuator_failed_registration_leaves_no_process() -> None:
     before = children()
     # Nothing listens on this port: the task server starts, registration fails.
-    act = LocalActuator(gateway_url=f"http://127.0.0.1:{free_port()}", start_timeout_s=20)
+    act = LocalActuator(
+        gateway_url=f"http://127.0.0.1:{free_port()}", spawn=local_spawn(), start_timeout_s=20
+    )
     try:
         with pytest.raises(ActuatorError, match="auto-1: registration"):
             await act.scale_to(1)
@@ -132,7 +139,9 @@ async def test_local_actuator_failed_registration_leaves_no_process() -> None:
 async def test_local_actuator_task_server_that_cannot_start(cluster: Cluster) -> None:
     gw = cluster.gateway()
     before = children()
-    act = LocalActuator(gateway_url=gw.url, extra_args=["--policy", "no-such-policy"])
+    act = LocalActuator(
+        gateway_url=gw.url, spawn=local_spawn(extra_args=["--policy", "no-such-policy"])
+    )
     try:
         with pytest.raises(ActuatorError, match="exited with status 2"):
             await act.scale_to(1)
@@ -143,11 +152,11 @@ async def test_local_actuator_task_server_that_cannot_start(cluster: Cluster) ->
 
 def test_local_actuator_rejects_bad_arguments() -> None:
     with pytest.raises(ValueError, match="slots must be >= 1, got 0"):
-        LocalActuator(gateway_url="http://127.0.0.1:1", slots=0)
+        LocalActuator(gateway_url="http://127.0.0.1:1", spawn=local_spawn(), slots=0)
 
 
 async def test_local_actuator_rejects_negative_replicas() -> None:
-    act = LocalActuator(gateway_url="http://127.0.0.1:1")
+    act = LocalActuator(gateway_url="http://127.0.0.1:1", spawn=local_spawn())
     with pytest.raises(ValueError, match="got -1"):
         await act.scale_to(-1)
     await act.close()

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.budget import BudgetController
 from loadtests.sim.budget import simulate_with_budget
+from loadtests.sim.budget_controller import BudgetController
 from loadtests.sim.report import report
 from loadtests.sim.scenario import parse_scenario
 

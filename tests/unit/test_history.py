@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from admission import nearest_rank
 from gateway.config import GatewayConfig
 from gateway.history import (
     Figures,
@@ -20,7 +21,6 @@ from gateway.history import (
     thin,
 )
 from gateway.links import ServerLink
-from gateway.overload import nearest_rank
 from gateway.service import GatewayService
 
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z

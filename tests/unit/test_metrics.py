@@ -55,7 +55,7 @@ def make_view(clock: list[float], **changes: Any) -> SimpleNamespace:
     view = SimpleNamespace(
         links={"ts-1": FakeLink("ts-1", "default", 3)},
         book=book,
-        guard=SimpleNamespace(controller=SimpleNamespace(deferred=Counter())),
+        gate=SimpleNamespace(controller=SimpleNamespace(deferred=Counter())),
         autoscaler=None,
         clock=lambda: clock[0],
     )
@@ -183,7 +183,7 @@ def test_queue_depth_post_queuing_quantiles_and_deferrals_are_read_at_scrape() -
     assert 0.045 < quantiles["0.5"] < 0.055
     assert quantiles["0.5"] < quantiles["0.9"] < quantiles["0.99"] <= quantiles["0.999"]
     view.links["ts-1"].outstanding.clear()
-    view.guard.controller.deferred[("C", "cost_ladder_defer")] += 2
+    view.gate.controller.deferred[("C", "cost_ladder_defer")] += 2
     assert value("tailgate_server_queue_depth", {"server": "ts-1", "pool": "default"}) == 0.0
     deferred = {"class": "C", "reason": "cost_ladder_defer"}
     assert value("tailgate_queries_deferred_total", deferred) == 2.0
