@@ -191,7 +191,7 @@ def _check_pipeline(spec: str) -> None:
             "--pipeline-servers needs onnxruntime: pip install -e '.[onnx]' "
             f"(or '.[gpu]' for onnxruntime-gpu); importing it failed: {exc}"
         ) from exc
-    from deploy.pipelines import pipeline_config
+    from onnx_models.pipeline_config import pipeline_config
 
     pipeline_config(spec)
 
@@ -220,7 +220,7 @@ def _pipeline_only_options(args: argparse.Namespace) -> list[str]:
 
 
 def _pipeline_executor(args: argparse.Namespace) -> Any:
-    from deploy.pipelines import pipeline_config
+    from onnx_models.pipeline_config import pipeline_config
     from taskserver.pipeline import PipelineExecutor
 
     local = tuple(m.strip() for m in (args.modules or "").split(",") if m.strip())

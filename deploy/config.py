@@ -18,11 +18,8 @@ from a table's ``token`` key.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import os
 import tomllib
-import types
-import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,22 +27,12 @@ from typing import Any
 
 from gateway.config import GatewayConfig, check_token
 from taskserver.config import TaskServerConfig
+from taskserver.tomlconfig import ConfigError, build, describe
 
 ENV_CONFIG = "TAILGATE_CONFIG"
 ENV_TOKEN = "TAILGATE_AGENT_TOKEN"
 ENV_TOKEN_FILE = "TAILGATE_AGENT_TOKEN_FILE"
 REDACTED = "<redacted>"
-
-
-class ConfigError(Exception):
-    """A configuration value is wrong; names the key and the value."""
-
-    def __init__(self, key: str, message: str, source: str = "") -> None:
-        self.key = key
-        self.message = message
-        self.source = source
-        where = f"{source}: " if source else ""
-        super().__init__(f"{where}{key}: {message}" if key else f"{where}{message}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,97 +74,6 @@ def _without_password(url: str) -> str:
     return parsed.render_as_string(hide_password=True)
 
 
-def _describe(value: Any) -> str:
-    return f"{value!r} ({type(value).__name__})"
-
-
-def _convert(tp: Any, value: Any, key: str) -> Any:
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if value is None and len(args) < len(typing.get_args(tp)):
-            return None
-        errors = []
-        for a in args:
-            try:
-                return _convert(a, value, key)
-            except ConfigError as exc:
-                errors.append(exc)
-        raise errors[0]
-    if origin is dict:
-        key_tp, value_tp = typing.get_args(tp)
-        if not isinstance(value, Mapping):
-            raise ConfigError(key, f"expected a table, got {_describe(value)}")
-        return {
-            _convert(key_tp, k, key): _convert(value_tp, v, f"{key}.{k}") for k, v in value.items()
-        }
-    if origin is tuple:
-        (item_tp, _ellipsis) = typing.get_args(tp)
-        if not isinstance(value, list):
-            raise ConfigError(key, f"expected an array, got {_describe(value)}")
-        return tuple(_convert(item_tp, v, f"{key}[{i}]") for i, v in enumerate(value))
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, Mapping):
-            raise ConfigError(key, f"expected a table, got {_describe(value)}")
-        return build(tp, value, key)
-    if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        try:
-            return tp(value)
-        except ValueError:
-            valid = ", ".join(repr(m.value) for m in tp)
-            raise ConfigError(key, f"expected one of {valid}, got {_describe(value)}") from None
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(key, f"expected true or false, got {_describe(value)}")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(key, f"expected an integer, got {_describe(value)}")
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(key, f"expected a number, got {_describe(value)}")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(key, f"expected a string, got {_describe(value)}")
-        return value
-    raise ConfigError(key, f"unsupported type {tp!r}")  # an invariant of our own config classes
-
-
-def build(cls: type, data: Mapping[str, Any], prefix: str = "") -> Any:
-    """Build dataclass ``cls`` from a TOML table, naming the key of any bad value."""
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls) if f.init}
-    kwargs: dict[str, Any] = {}
-    for key, value in data.items():
-        path = f"{prefix}.{key}" if prefix else key
-        if key not in names:
-            raise ConfigError(path, f"unknown key (known: {', '.join(sorted(names))})")
-        kwargs[key] = _convert(hints[key], value, path)
-    try:
-        return cls(**kwargs)
-    except TypeError as exc:  # a required field is missing
-        missing = [
-            f.name
-            for f in dataclasses.fields(cls)
-            if f.init
-            and f.name not in kwargs
-            and f.default is dataclasses.MISSING
-            and f.default_factory is dataclasses.MISSING
-        ]
-        if missing:
-            key = f"{prefix}.{missing[0]}" if prefix else missing[0]
-            raise ConfigError(key, "required") from exc
-        raise ConfigError(prefix, str(exc)) from exc
-    except ValueError as exc:
-        field_name, sep, message = str(exc).partition(": ")
-        if sep and field_name and " " not in field_name:
-            key = f"{prefix}.{field_name}" if prefix else field_name
-            raise ConfigError(key, message) from exc
-        raise ConfigError(prefix, str(exc)) from exc
-
-
 def parse_config(
     data: Mapping[str, Any], source: str = "", env: Mapping[str, str] | None = None
 ) -> TailgateConfig:
@@ -193,7 +89,7 @@ def parse_config(
             raise ConfigError("gateway", "expected a table")
         ts = data.get("taskserver", {})
         if not isinstance(ts, Mapping):
-            raise ConfigError("taskserver", f"expected a table, got {_describe(ts)}")
+            raise ConfigError("taskserver", f"expected a table, got {describe(ts)}")
         ts = dict(ts)
         _token_from_file(gw, "gateway", base)
         _token_from_file(ts, "taskserver", base)
@@ -246,7 +142,7 @@ def _token_from_file(table: dict[str, Any], name: str, base: Path | None) -> Non
     if "token" in table:
         raise ConfigError(key, "give token or token_file, not both")
     if not isinstance(value, str) or not value:
-        raise ConfigError(key, f"expected a file path, got {_describe(value)}")
+        raise ConfigError(key, f"expected a file path, got {describe(value)}")
     path = Path(value).expanduser()
     if base is not None and not path.is_absolute():
         path = base / path
@@ -269,7 +165,7 @@ def _token_from_env(env: Mapping[str, str]) -> str | None:
 
 def _build_top(cls: type, table: Any, name: str) -> Any:
     if not isinstance(table, Mapping):
-        raise ConfigError(name, f"expected a table, got {_describe(table)}")
+        raise ConfigError(name, f"expected a table, got {describe(table)}")
     try:
         return build(cls, table, name)
     except ConfigError as exc:

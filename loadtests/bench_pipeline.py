@@ -38,7 +38,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from deploy.pipelines import pipeline_config
+from onnx_models.pipeline_config import pipeline_config
 from taskserver.abc import ExecutorError
 from taskserver.pard import Profile
 from taskserver.pipeline import (

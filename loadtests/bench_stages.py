@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from deploy.pipelines import pipeline_config
+from onnx_models.pipeline_config import pipeline_config
 from taskserver.config import TaskServerConfig
 from taskserver.pipeline import PipelineExecutor, parse_payload
 from taskserver.pipeline.tensors import handoff_payload

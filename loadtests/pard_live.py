@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from deploy.pipelines import pipeline_config
 from loadtests.sim.traces import make_trace
+from onnx_models.pipeline_config import pipeline_config
 from taskserver.abc import ExecutorError, TaskDropped
 from taskserver.pipeline import PipelineExecutor
 

@@ -19,13 +19,27 @@ import contextlib
 import logging
 import time
 import urllib.parse
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sized
+from typing import TYPE_CHECKING, Any, Protocol
 
 from taskserver.registration import GatewayUnreachable, auth_headers, gateway_call, gateway_urls
 
 if TYPE_CHECKING:
     from taskserver.config import TaskServerConfig
-    from taskserver.server import TaskService
+
+
+class Drainable(Protocol):
+    """What the lifecycle reads and drives of a task service (`taskserver.server.TaskService`)."""
+
+    busy: int
+    queue: Sized
+    draining: bool
+    last_activity: float
+    clock: Callable[[], float]
+
+    async def drain(self, timeout_s: float) -> tuple[int, int]:
+        """Serve the queue within timeout_s; (finished, given up)."""
+        ...
 
 __all__ = ["drain_and_leave", "register_forever", "retire_when_idle"]
 
@@ -73,7 +87,7 @@ async def _register(url: str, body: dict[str, Any], headers: dict[str, str]) -> 
             log.warning("registration at %s refused (%s): %s", url, status, text)
 
 
-async def retire_when_idle(service: TaskService, config: TaskServerConfig) -> None:
+async def retire_when_idle(service: Drainable, config: TaskServerConfig) -> None:
     """Return once no task has come or gone for idle_exit_s (Swayam's passive scale-in)."""
     while True:
         await asyncio.sleep(min(1.0, config.idle_exit_s / 4))
@@ -86,7 +100,7 @@ async def retire_when_idle(service: TaskService, config: TaskServerConfig) -> No
 
 
 async def drain_and_leave(
-    service: TaskService, config: TaskServerConfig, registration: asyncio.Task[None] | None
+    service: Drainable, config: TaskServerConfig, registration: asyncio.Task[None] | None
 ) -> None:
     """Tell the gateways, serve the queue within drain_timeout_s, give up on the rest.
 

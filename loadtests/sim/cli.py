@@ -9,9 +9,9 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from deploy.config import ConfigError
 from taskserver.queues import QueuePolicy
 from taskserver.service_time import ServiceSpec
+from taskserver.tomlconfig import ConfigError
 
 POLICIES = [p.value for p in QueuePolicy]
 
@@ -180,7 +180,7 @@ def cmd_maxload(args: argparse.Namespace) -> int:
 
 def cmd_experiment(args: argparse.Namespace) -> int:
     """`tailgate sim experiment`."""
-    from loadtests.sim.experiments import EXPERIMENTS, run_experiment
+    from loadtests.sim.registry import EXPERIMENTS, run_experiment
 
     if args.name == "list":
         for name, exp in EXPERIMENTS.items():

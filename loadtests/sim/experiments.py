@@ -9,14 +9,12 @@ compared on paired samples. Independent searches run in worker processes.
 
 from __future__ import annotations
 
-import csv
 import io
 import math
 import multiprocessing as mp
 import queue
 import statistics
 import sys
-import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field, replace
@@ -27,9 +25,10 @@ from typing import Any
 from loadtests.sim.budget import simulate_with_budget
 from loadtests.sim.engine import SimResult
 from loadtests.sim.maxload import ci95, find_max_load
-from loadtests.sim.progress import ProgressBar, format_duration
+from loadtests.sim.output import md_table, write_csv
+from loadtests.sim.progress import ProgressBar
 from loadtests.sim.report import MIN_TAIL_SAMPLES, Report, TailStat, report
-from loadtests.sim.scenario import Scenario, load_scenario
+from loadtests.sim.scenario import Scenario
 from taskserver.queues import QueuePolicy
 from taskserver.service_time import ServiceSpec
 
@@ -468,21 +467,6 @@ TAIL_HEADER = _TAIL_COLUMNS.split()
 """Columns of one class or fanout type's tail at one run."""
 
 
-def md_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """A GitHub markdown table."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def write_csv(path: Path, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-    """One CSV file with a header row."""
-    with path.open("w", newline="", encoding="utf-8") as f:
-        w = csv.writer(f)
-        w.writerow(header)
-        w.writerows(rows)
-
-
 def _beyond(s: TailStat, percentile: float) -> int:
     """Samples beyond the percentile: how many queries the p99 figure rests on."""
     return int(s.samples * (1.0 - percentile / 100.0))
@@ -604,7 +588,7 @@ def _searches(st: Settings, label: str, jobs: list[tuple[Labels, Scenario]]) -> 
     ]
 
 
-# --- Registry and entry point ------------------------------------------------------------
+# --- Experiments ----------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -625,215 +609,11 @@ class Experiment:
     pipeline: str = ""
     """A PARD experiment on this shipped pipeline (`loadtests.sim.pard_experiments`): no
     scenario file; apps are its traces and queries the requests per trace."""
+    searches_max_load: bool = True
+    """Its report describes the max-load search (bisection, judged groups); the overload
+    experiments sweep offered load instead."""
 
     @property
     def scenario_path(self) -> Path:
         """The shipped scenario it starts from."""
         return SCENARIO_DIR / f"{self.name}.toml"
-
-
-EXPERIMENTS: dict[str, Experiment] = {
-    e.name: e
-    for e in (
-        Experiment(
-            "fanout-single-class",
-            "max load vs p99 SLO, one class, k_f 1/10/100, FIFO vs TF-EDFQ",
-            0,
-            APPS,
-            lambda st, base: _fanout("fanout_single_class", st, base),
-        ),
-        Experiment(
-            "fanout-two-classes",
-            "max load, two classes (x, 1.5x), Poisson and Pareto, all four policies",
-            0,
-            APPS,
-            lambda st, base: _fanout("fanout_two_classes", st, base),
-        ),
-        Experiment(
-            "fixed-fanout-two-classes",
-            "per-class p99 vs load and max load, k_f = N = 100, two classes",
-            0,
-            APPS,
-            lambda st, base: _fanout("fixed_fanout_two_classes", st, base),
-        ),
-        Experiment(
-            "mixed-fanout-four-classes",
-            "max load per class, N = 1000, k_f uniform on 1..1000, four classes (Masstree)",
-            0,
-            ("masstree",),
-            lambda st, base: _fanout("mixed_fanout_four_classes", st, base),
-        ),
-        Experiment(
-            "admission",
-            "admission control: admitted p99 and accepted load vs offered load, k_f = N = 100",
-            0,
-            ("masstree",),
-            lambda st, base: _overload("admission", st, base),
-        ),
-        Experiment(
-            "autoscale",
-            "vertical autoscaling on the miss ratio through load 50% -> 60% -> 50%",
-            60_000,
-            ("masstree",),
-            lambda st, base: _overload("autoscale", st, base),
-        ),
-        Experiment(
-            "swayam",
-            "Swayam's model-based scale-out vs threshold scaling through a 2x burst",
-            0,
-            ("xapian",),
-            lambda st, base: _overload("swayam", st, base),
-            pool=True,
-        ),
-        *(
-            Experiment(
-                f"pard-{pipeline}",
-                f"PARD vs no dropping, Nexus and Clipper++ on the {pipeline} pipeline "
-                "(periodic, bursty, spiky traces)",
-                15_000,
-                ("periodic", "bursty", "spiky"),
-                lambda st, base: _pard(st, base),
-                pipeline=pipeline,
-            )
-            for pipeline in ("traffic", "live", "dag")
-        ),
-    )
-}
-
-
-def _fanout(name: str, st: Settings, base: Any) -> list[str]:
-    from loadtests.sim import fanout_experiments
-
-    body: Callable[[Settings, Any], list[str]] = getattr(fanout_experiments, name)
-    return body(st, base)
-
-
-def _overload(name: str, st: Settings, base: Any) -> list[str]:
-    from loadtests.sim import overload_experiments
-
-    body: Callable[[Settings, Any], list[str]] = getattr(overload_experiments, name)
-    return body(st, base)
-
-
-def _pard(st: Settings, setup: Any) -> list[str]:
-    from loadtests.sim import pard_experiments
-
-    return pard_experiments.pipeline_experiment(st, setup)
-
-
-def run_experiment(
-    name: str,
-    out: str | Path,
-    data_dir: str | Path | None = None,
-    queries: int | None = None,
-    apps: Sequence[str] | None = None,
-    *,
-    tol: float = DEFAULT_TOL,
-    workers: int = 2,
-    budget: bool = True,
-    quiet: bool = False,
-    seeds: int = DEFAULT_SEEDS,
-) -> Path:
-    """Run a named experiment into OUT/NAME/ and print its tables; the markdown file's path."""
-    if name not in EXPERIMENTS:
-        raise ValueError(f"experiment: unknown {name!r} (known: {', '.join(EXPERIMENTS)})")
-    exp = EXPERIMENTS[name]
-    if exp.pipeline:  # no scenario: the pipeline spec and profile (pard_experiments)
-        from loadtests.sim.pard_experiments import run_pipeline_experiment
-
-        return run_pipeline_experiment(
-            exp, out, data_dir, queries, apps, workers=workers, quiet=quiet
-        )
-    if not 0 < tol < HIGH - LOW:
-        raise ValueError(f"tol: must be in (0, {HIGH - LOW:g}), got {tol}")
-    chosen = tuple(a.strip().lower() for a in apps) if apps else exp.apps
-    unknown = [a for a in chosen if a not in APPS]
-    if unknown:
-        raise ValueError(f"apps: unknown {', '.join(unknown)} (known: {', '.join(APPS)})")
-    runnable = tuple(a for a in chosen if a in exp.apps)
-    if not runnable:
-        raise ValueError(f"apps: {name} runs only {', '.join(exp.apps)}, got {', '.join(chosen)}")
-    if seeds < 1:
-        raise ValueError(f"seeds: must be >= 1, got {seeds}")
-    if exp.pool:
-        from loadtests.sim.pool import load_pool_scenario
-
-        base: Any = load_pool_scenario(exp.scenario_path)
-        n = exp.queries if queries is None else queries
-    else:
-        base = load_scenario(exp.scenario_path)
-        n = queries if queries is not None else exp.queries or default_queries(base)
-        base = replace(base, run=replace(base.run, queries=n))  # RunSpec checks n first
-    st = Settings(
-        out_dir=Path(out) / name,
-        data_dir=Path(data_dir) if data_dir is not None else DEFAULT_DATA_DIR,
-        apps=runnable,
-        queries=n,
-        tol=tol,
-        workers=max(1, workers),
-        budget=budget,
-        quiet=quiet,
-        seeds=tuple(_first_seed(base) + i for i in range(seeds)),
-    )
-    for app in runnable:
-        if exp.pool:
-            if not (st.data_dir / f"{app}_quantiles.txt").is_file():
-                raise ValueError(f"Tailbench service times for {app} not found in {st.data_dir}")
-        else:
-            st.scenario(base, app)  # a missing data file fails now, not after minutes of runs
-    st.out_dir.mkdir(parents=True, exist_ok=True)
-    t0 = time.monotonic()
-    sections = exp.body(st, base)
-    text = _markdown(exp, st, base, sections, time.monotonic() - t0)
-    md = st.out_dir / f"{name}.md"
-    md.write_text(text, encoding="utf-8")
-    if not quiet:
-        print(text)
-    return md
-
-
-def _first_seed(base: Any) -> int:
-    """The scenario's own seed (a pool scenario has none: 1)."""
-    run = getattr(base, "run", None)
-    return int(run.seed) if run is not None else 1
-
-
-def _markdown(exp: Experiment, st: Settings, base: Any, sections: list[str], wall_s: float) -> str:
-    """The experiment's markdown report: setup, tables, files."""
-    files = sorted(p.name for p in st.out_dir.iterdir() if p.suffix in (".csv", ".png"))
-    files_md = "## Files\n\n" + ", ".join(f"`{f}`" for f in files)
-    if exp.pool or exp.name in ("admission", "autoscale"):
-        head = [
-            f"# {exp.name}: {exp.title}",
-            "",
-            f"- Scenario: `loadtests/scenarios/{exp.name}.toml` ({base.description})",
-            f"- Service times from `{st.data_dir}`"
-            + (
-                ""
-                if exp.pool
-                else f"; {st.queries:,} queries per simulation, seeds "
-                + ", ".join(map(str, st.seeds))
-            ),
-            f"- Wall time: {format_duration(wall_s)} with {st.workers} worker process(es)",
-        ]
-        return "\n".join(head) + "\n\n" + "\n\n".join([*sections, files_md]) + "\n"
-    run = base.run
-    budget = ""
-    if st.budget and exp.name != "fanout-single-class":
-        budget = f" Column `{BUDGET_TITLE}`: TF-EDFQ with run-time budget adjustment."
-    setup = [
-        f"# {exp.name}: {exp.title}",
-        "",
-        f"- Scenario: `loadtests/scenarios/{exp.name}.toml` ({base.description})",
-        f"- Applications: {', '.join(st.apps)}; service times `{st.data_dir}/<app>_quantiles.txt`",
-        f"- Queries per simulation: {st.queries:,} (the first {run.warmup:.0%} are warm-up); "
-        f"seeds {', '.join(map(str, st.seeds))}: every run of one app and seed sees the same "
-        "queries (common random numbers), and each table entry is the mean over the seeds "
-        "± the 95% confidence interval of the mean",
-        f"- Max load: bisection of the load over [{LOW:g}, {HIGH:g}] until the bracket is "
-        f"narrower than {st.tol:g}; a load passes when each class's p99, and that of each of "
-        f"its fanout types with at least {MIN_TAIL_SAMPLES} samples beyond the p99, meets the "
-        f"SLO.{budget}",
-        f"- Wall time: {format_duration(wall_s)} with {st.workers} worker process(es)",
-    ]
-    return "\n".join(setup) + "\n\n" + "\n\n".join([*sections, files_md]) + "\n"

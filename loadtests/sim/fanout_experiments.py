@@ -12,6 +12,7 @@ from dataclasses import replace
 
 from loadtests.sim.experiments import (
     ALL_POLICIES,
+    APPS,
     FAR_PAST_SLO,
     FIXED_FANOUT_SLOS_MS,
     HIGH,
@@ -21,6 +22,7 @@ from loadtests.sim.experiments import (
     SWEEP_LOADS,
     TAIL_HEADER,
     TWO_CLASS_SLOS_MS,
+    Experiment,
     Found,
     GroupSearch,
     Labels,
@@ -40,11 +42,10 @@ from loadtests.sim.experiments import (
     _title,
     _write_searches,
     ci95,
-    md_table,
     with_budget,
     with_slos,
-    write_csv,
 )
+from loadtests.sim.output import md_table, write_csv
 from loadtests.sim.report import TailStat
 from loadtests.sim.scenario import Scenario
 from taskserver.queues import QueuePolicy
@@ -312,3 +313,36 @@ def mixed_fanout_four_classes(st: Settings, base: Scenario) -> list[str]:
         + md_table(header, table),
         _samples_section({"masstree": first.runs[0] if first.runs else None}),
     ]
+
+
+EXPERIMENTS = (
+    Experiment(
+        "fanout-single-class",
+        "max load vs p99 SLO, one class, k_f 1/10/100, FIFO vs TF-EDFQ",
+        0,
+        APPS,
+        fanout_single_class,
+    ),
+    Experiment(
+        "fanout-two-classes",
+        "max load, two classes (x, 1.5x), Poisson and Pareto, all four policies",
+        0,
+        APPS,
+        fanout_two_classes,
+    ),
+    Experiment(
+        "fixed-fanout-two-classes",
+        "per-class p99 vs load and max load, k_f = N = 100, two classes",
+        0,
+        APPS,
+        fixed_fanout_two_classes,
+    ),
+    Experiment(
+        "mixed-fanout-four-classes",
+        "max load per class, N = 1000, k_f uniform on 1..1000, four classes (Masstree)",
+        0,
+        ("masstree",),
+        mixed_fanout_four_classes,
+    ),
+)
+"""TailGuard §IV.B-C's experiments."""

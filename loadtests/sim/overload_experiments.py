@@ -30,7 +30,10 @@ from typing import Any
 import numpy as np
 
 from admission.config import AdmissionConfig
+from loadtests.sim import experiments as ex
 from loadtests.sim.engine import SimResult, simulate
+from loadtests.sim.experiments import Experiment, _tick
+from loadtests.sim.output import md_table, write_csv
 from loadtests.sim.report import percentile, report
 from taskserver.queues import QueuePolicy
 
@@ -58,12 +61,6 @@ TIMELINE_BIN_S = 0.5
 
 
 # --- Jobs (module level: they run in worker processes) -----------------------------------
-
-
-def _tick(job: int) -> None:
-    from loadtests.sim import experiments
-
-    experiments._tick(job)
 
 
 def _run_row(scn: Any, load: float, rule: str) -> dict[str, Any]:
@@ -135,7 +132,6 @@ def _admission_timeline(
 
 def _calibrate(job: int, scn: Any, tol: float) -> tuple[float, float]:
     """(max load without admission, R_cth^U: the miss ratio without admission there)."""
-    from loadtests.sim import experiments as ex
     from loadtests.sim.maxload import find_max_load
 
     bare = replace(scn, admission=AdmissionConfig(policy="none"))
@@ -247,7 +243,6 @@ def _pool_run(job: int, scn: Any, policy: str) -> Any:
 
 def admission(st: Any, base: Any) -> list[str]:
     """Admission control: per-class p99 of admitted queries and accepted load vs offered load."""
-    from loadtests.sim import experiments as ex
     from loadtests.sim import plots
 
     scn = st.scenario(base, "masstree")
@@ -324,7 +319,7 @@ def admission(st: Any, base: Any) -> list[str]:
                 }
             )
     keys = sorted(k for k in curves["none"][0][0] if k != "rule")
-    ex.write_csv(st.out_dir / "admission.csv", ["rule", "seed", *keys], csv_rows)
+    write_csv(st.out_dir / "admission.csv", ["rule", "seed", *keys], csv_rows)
     win_rows = []
     for f in WINDOW_FRACTIONS:
         at = short[f]
@@ -344,7 +339,7 @@ def admission(st: Any, base: Any) -> list[str]:
         for tl in timelines
         for t, o, a in zip(tl["time_ms"], tl["offered"], tl["admitted"], strict=True)
     ]
-    ex.write_csv(
+    write_csv(
         st.out_dir / "admission_timeline.csv", ["rule", "time_ms", "offered", "admitted"], tl_rows
     )
     span = int(1000 / ADMISSION_BIN_MS)  # the first second of the run
@@ -425,19 +420,19 @@ def admission(st: Any, base: Any) -> list[str]:
         "## Admitted queries and accepted load\n\n"
         f"Means over {len(st.seeds)} seeds ± the 95% confidence interval of the mean. `✗n`: the "
         "class misses its SLO on n seeds. Gap (offered loads at or above the max load): (max "
-        "load - accepted load) / max load.\n\n" + ex.md_table(header, rows),
+        "load - accepted load) / max load.\n\n" + md_table(header, rows),
         f"## How each rule admits, offered load {TIMELINE_LOAD:g}\n\n"
         f"First seed, bins of {ADMISSION_BIN_MS:g} ms over the run (`admission_timeline.csv`, "
         "`admission_timeline.png`): the share of queries admitted, the share of bins in which "
         "any query was, and within those bins the share admitted. Reject-all admits in "
         "bursts at the full offered rate between lock-outs (a queue builds in each burst "
         "before its misses reach the window); the throttle admits a steady fraction.\n\n"
-        + ex.md_table(
+        + md_table(
             ["rule", "admitted", "bins with admissions", "admitted within those bins"], bursts
         ),
         "## Reject-all and the length of its window\n\n"
         f"Offered load {ADMISSION_LOADS[-1]:g}; the same calibrated R_cth^U.\n\n"
-        + ex.md_table(
+        + md_table(
             [
                 "window ms",
                 "accepted",
@@ -456,7 +451,6 @@ AUTOSCALE_LOAD = 0.5
 
 def autoscale(st: Any, base: Any) -> list[str]:
     """Vertical autoscaling through 50% → 60% → 50%: p99, miss ratio and speed over time."""
-    from loadtests.sim import experiments as ex
     from loadtests.sim import plots
 
     scn = st.scenario(base, "masstree")
@@ -500,7 +494,7 @@ def autoscale(st: Any, base: Any) -> list[str]:
             series_rows.append(
                 [label, t, s["miss_ratio"][k], *(s[f"p99_{n}_ms"][k] for n in names)]
             )
-    ex.write_csv(
+    write_csv(
         st.out_dir / "timeline.csv",
         ["autoscaling", "time_s", "miss_ratio", *(f"p99_{n}_ms" for n in names)],
         series_rows,
@@ -515,7 +509,7 @@ def autoscale(st: Any, base: Any) -> list[str]:
         ]
         for x in on["actions"]
     ]
-    ex.write_csv(
+    write_csv(
         st.out_dir / "actions.csv",
         ["time_s", "miss_ratio", "from_scale", "to_scale", "reason"],
         action_rows,
@@ -570,15 +564,14 @@ def autoscale(st: Any, base: Any) -> list[str]:
         f"cooldowns {a.up_cooldown_ms:g} ms up / {a.down_cooldown_ms:g} ms down (doubling "
         f"while a step down is undone at once), at most {a.max_steps_up} steps up and "
         f"{a.max_steps_down} down; a step up makes service 20% faster, a step down 25% slower.",
-        "## Per phase\n\n" + ex.md_table(header, rows),
+        "## Per phase\n\n" + md_table(header, rows),
         "## Scaling actions (autoscaling on)\n\n"
-        + ex.md_table(["time s", "miss ratio", "from", "to", "reason"], action_rows),
+        + md_table(["time s", "miss ratio", "from", "to", "reason"], action_rows),
     ]
 
 
 def swayam(st: Any, base: Any) -> list[str]:
     """Swayam vs threshold scaling through a 2x burst: backends, compliance, backend-seconds."""
-    from loadtests.sim import experiments as ex
     from loadtests.sim import plots
     from loadtests.sim.pool import summary_rows
 
@@ -605,7 +598,7 @@ def swayam(st: Any, base: Any) -> list[str]:
             timeline_rows.append(
                 [r.policy, p["time_s"], p["rate_per_s"], p["warm"], p["warming"], p["routable"]]
             )
-    ex.write_csv(
+    write_csv(
         st.out_dir / "backends_over_time.csv",
         ["policy", "time_s", "rate_per_s", "warm", "warming", "routable"],
         timeline_rows,
@@ -637,6 +630,36 @@ def swayam(st: Any, base: Any) -> list[str]:
         f"R_sth^U = {scn.upper:g}, R_sth^L = {scn.lower:g}, window {scn.window_tasks:,} tasks, "
         f"cooldowns {scn.up_cooldown_s:g} s up / {scn.down_cooldown_s:g} s down. Both start "
         "with the backends Swayam's model asks for at the base rate.",
-        "## Results\n\n" + ex.md_table(header, rows),
-        "## Scaling actions\n\n" + ex.md_table(["policy", "time s", "delta", "reason"], actions),
+        "## Results\n\n" + md_table(header, rows),
+        "## Scaling actions\n\n" + md_table(["policy", "time s", "delta", "reason"], actions),
     ]
+
+
+EXPERIMENTS = (
+    Experiment(
+        "admission",
+        "admission control: admitted p99 and accepted load vs offered load, k_f = N = 100",
+        0,
+        ("masstree",),
+        admission,
+        searches_max_load=False,
+    ),
+    Experiment(
+        "autoscale",
+        "vertical autoscaling on the miss ratio through load 50% -> 60% -> 50%",
+        60_000,
+        ("masstree",),
+        autoscale,
+        searches_max_load=False,
+    ),
+    Experiment(
+        "swayam",
+        "Swayam's model-based scale-out vs threshold scaling through a 2x burst",
+        0,
+        ("xapian",),
+        swayam,
+        pool=True,
+        searches_max_load=False,
+    ),
+)
+"""TailGuard §IV.D-E's admission and autoscaling, and Swayam's scale-out."""

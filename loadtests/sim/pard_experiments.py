@@ -25,15 +25,16 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from loadtests.sim.experiments import Experiment, Settings, _tick
 from loadtests.sim.pard_report import PardReport
+from loadtests.sim.pard_runs import RunDigest, Setup
 from loadtests.sim.pipeline import simulate_pipeline
-from loadtests.sim.pipeline_model import PipelineModel, SimConfig, nexus_batch_sizes
+from loadtests.sim.pipeline_model import PipelineModel, nexus_batch_sizes
 from loadtests.sim.progress import format_duration
 from loadtests.sim.traces import MIN_DURATION_S, make_trace
 
@@ -42,33 +43,6 @@ ABLATIONS = ("back", "sf", "lower", "upper", "fcfs", "hbf-only", "lbf-only", "in
 LOAD = 0.9
 """Mean rate as a share of the pipeline's capacity."""
 TRACE_SEED = 1
-SIM_SEED = 1
-
-
-@dataclass(frozen=True, slots=True)
-class Setup:
-    """What the profile gave: batch sizes, workers, capacity, rate and SLO of one pipeline."""
-
-    pipeline: str
-    model: PipelineModel
-    """Read once: every run uses these very durations, even if the files change meanwhile."""
-    spec_path: Path
-    profile_path: Path
-    device: str
-    slo_s: float
-    spec_slo_s: float
-    max_batch: dict[str, int]
-    workers: dict[str, int]
-    worker_rps: dict[str, float]
-    capacity_rps: float
-    load: float
-    """Mean rate over capacity."""
-    rate_rps: float
-    duration_s: float
-
-    def config(self) -> SimConfig:
-        """The simulator settings of every run."""
-        return SimConfig(workers=self.workers, max_batch=self.max_batch, seed=SIM_SEED)
 
 
 def load_model(spec_path: Path, profile_path: Path) -> PipelineModel:
@@ -134,46 +108,12 @@ def plan_setup(spec_path: Path, profile_path: Path, requests: int) -> Setup:
 # --- One run (module level: it runs in a worker process) ---------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class RunDigest:
-    """What the tables and plots keep of one (trace, policy) run."""
-
-    trace: str
-    policy: str
-    arrived: int
-    on_time: int
-    late: int
-    dropped: int
-    goodput_rps: float
-    """On-time requests per second of trace."""
-    goodput_overload_rps: float
-    """Mean goodput over the seconds whose offered rate exceeds the capacity (NaN: none)."""
-    overload_s: int
-    drop_rate: float
-    invalid_rate: float
-    trace_cv: float
-    wall_s: float
-    drops: dict[str, int] = field(default_factory=dict)
-    batches: dict[str, int] = field(default_factory=dict)
-    mean_batch: dict[str, float] = field(default_factory=dict)
-    compute_s: dict[str, float] = field(default_factory=dict)
-    invalid_s: dict[str, float] = field(default_factory=dict)
-    timeline: list[tuple[float, float, float]] = field(default_factory=list)
-    """(end of second, offered requests in it, on-time completions in it)."""
-
-    def drop_share(self, module_id: str) -> float:
-        """The share of this run's drops made at a module."""
-        return self.drops[module_id] / self.dropped if self.dropped else 0.0
-
-
 def _run(job: int, setup: Setup, trace_name: str, policy: str) -> RunDigest:
     """Simulate one (trace, policy)."""
-    from loadtests.sim import experiments
-
     model = setup.model
     trace = make_trace(trace_name, setup.duration_s, setup.rate_rps, seed=TRACE_SEED)
     run = simulate_pipeline(model, trace.arrivals_s, policy, setup.config())
-    experiments._tick(job)
+    _tick(job)
     offered = trace.counts()
     good = np.zeros(len(offered))
     for p in run.timeline:  # goodput window 1 s: on-time completions in (t - 1, t]
@@ -238,7 +178,6 @@ def run_pipeline_experiment(
     `data_dir` holds the spec and profile (default: the shipped ``onnx_models/pipelines``);
     `queries` is the number of requests per trace; `traces` a subset of the experiment's.
     """
-    from loadtests.sim.experiments import Settings
     from onnx_models.spec import PIPELINES_DIR
 
     chosen = tuple(t.strip().lower() for t in traces) if traces else exp.apps
@@ -285,3 +224,19 @@ def run_pipeline_experiment(
     if not quiet:
         print(text)
     return md
+
+
+EXPERIMENTS = tuple(
+    Experiment(
+        f"pard-{pipeline}",
+        f"PARD vs no dropping, Nexus and Clipper++ on the {pipeline} pipeline "
+        "(periodic, bursty, spiky traces)",
+        15_000,
+        ("periodic", "bursty", "spiky"),
+        pipeline_experiment,
+        pipeline=pipeline,
+        searches_max_load=False,
+    )
+    for pipeline in ("traffic", "live", "dag")
+)
+"""PARD §5's comparisons on the shipped pipelines."""

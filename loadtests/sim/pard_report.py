@@ -14,11 +14,11 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from loadtests.sim.experiments import md_table, write_csv
+from loadtests.sim.output import md_table, write_csv
 from loadtests.sim.traces import TRACE_CVS
 
 if TYPE_CHECKING:
-    from loadtests.sim.pard_experiments import RunDigest, Setup
+    from loadtests.sim.pard_runs import RunDigest, Setup
     from loadtests.sim.pipeline_model import PipelineModel
 
 __all__ = ["PardReport"]

@@ -39,10 +39,10 @@ from admission import (
     backend_order,
     estimate_backends,
 )
-from deploy.config import ConfigError, build
 from loadtests.sim.scenario import read_scenario_toml
 from loadtests.sim.workload import sample_service_ms
 from taskserver.service_time import ServiceSpec, make_distribution
+from taskserver.tomlconfig import ConfigError, build
 
 _DONE, _DECIDE, _ARRIVE = 0, 1, 2  # at equal times: free slots first, then decide
 

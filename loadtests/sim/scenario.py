@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 
 from admission.config import AdmissionConfig
-from deploy.config import ConfigError, build
 from taskserver.queues import QueuePolicy
 from taskserver.service_time import ServiceSpec
+from taskserver.tomlconfig import ConfigError, build
 
 
 @dataclass(frozen=True, slots=True)

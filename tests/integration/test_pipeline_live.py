@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from deploy.pipelines import pipeline_config
+from onnx_models.pipeline_config import pipeline_config
 from taskserver.pipeline import PipelineConfig, PipelineDropped, PipelineExecutor
 
 pytestmark = pytest.mark.integration

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from deploy.pipelines import pipeline_config
+from onnx_models.pipeline_config import pipeline_config
 from taskserver.config import TaskServerConfig
 from taskserver.executors import TaskDropped
 from taskserver.pipeline import BadPayload, PipelineExecutor

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from loadtests.sim.experiments import EXPERIMENTS, SINGLE_CLASS_SLOS_MS, run_experiment
+from loadtests.sim.experiments import SINGLE_CLASS_SLOS_MS
 from loadtests.sim.overload_experiments import ADMISSION_LOADS, RULES
 from loadtests.sim.pool import load_pool_scenario
 from loadtests.sim.progress import ProgressBar
+from loadtests.sim.registry import EXPERIMENTS, run_experiment
 from loadtests.sim.scenario import load_scenario
 
 SCENARIOS = sorted((Path(__file__).resolve().parents[2] / "loadtests" / "scenarios").glob("*.toml"))

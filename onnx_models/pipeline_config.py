@@ -1,7 +1,9 @@
 """From a pipeline spec file and its profile to the task server's PipelineConfig.
 
 `onnx_models` reads and checks spec and profile files; `taskserver` runs pipelines from
-plain data and imports nothing else of ours. This adapter sits above both (DESIGN.md).
+plain data and imports nothing else of ours, so this adapter lives here, on the spec's
+side: the CLI, the live pipeline benchmarks and the tests all build a pipeline's config
+with it, and loadtests needs nothing of `deploy` for it.
 """
 
 from __future__ import annotations

@@ -1,0 +1,75 @@
+"""One PARD pipeline experiment's setup and what is kept of each of its runs.
+
+Shared by the experiment (`loadtests.sim.pard_experiments`), which makes them, and the
+report (`loadtests.sim.pard_report`), which shows them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from loadtests.sim.pipeline_model import PipelineModel, SimConfig
+
+__all__ = ["SIM_SEED", "RunDigest", "Setup"]
+
+SIM_SEED = 1
+"""Seed of every pipeline simulation (its service-time draws)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Setup:
+    """What the profile gave: batch sizes, workers, capacity, rate and SLO of one pipeline."""
+
+    pipeline: str
+    model: PipelineModel
+    """Read once: every run uses these very durations, even if the files change meanwhile."""
+    spec_path: Path
+    profile_path: Path
+    device: str
+    slo_s: float
+    spec_slo_s: float
+    max_batch: dict[str, int]
+    workers: dict[str, int]
+    worker_rps: dict[str, float]
+    capacity_rps: float
+    load: float
+    """Mean rate over capacity."""
+    rate_rps: float
+    duration_s: float
+
+    def config(self) -> SimConfig:
+        """The simulator settings of every run."""
+        return SimConfig(workers=self.workers, max_batch=self.max_batch, seed=SIM_SEED)
+
+
+@dataclass(frozen=True, slots=True)
+class RunDigest:
+    """What the tables and plots keep of one (trace, policy) run."""
+
+    trace: str
+    policy: str
+    arrived: int
+    on_time: int
+    late: int
+    dropped: int
+    goodput_rps: float
+    """On-time requests per second of trace."""
+    goodput_overload_rps: float
+    """Mean goodput over the seconds whose offered rate exceeds the capacity (NaN: none)."""
+    overload_s: int
+    drop_rate: float
+    invalid_rate: float
+    trace_cv: float
+    wall_s: float
+    drops: dict[str, int] = field(default_factory=dict)
+    batches: dict[str, int] = field(default_factory=dict)
+    mean_batch: dict[str, float] = field(default_factory=dict)
+    compute_s: dict[str, float] = field(default_factory=dict)
+    invalid_s: dict[str, float] = field(default_factory=dict)
+    timeline: list[tuple[float, float, float]] = field(default_factory=list)
+    """(end of second, offered requests in it, on-time completions in it)."""
+
+    def drop_share(self, module_id: str) -> float:
+        """The share of this run's drops made at a module."""
+        return self.drops[module_id] / self.dropped if self.dropped else 0.0
