@@ -16,6 +16,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from gateway import dashboard
 from gateway.errors import ApiError, BadRequest, NotFound, PayloadTooLarge, Unauthorized
 from gateway.openapi import openapi_document
+from gateway.queries import QueryOutcome
 from gateway.requests import parse_query, parse_register
 from gateway.service import GatewayService
 from taskserver import jsonbody
@@ -25,8 +26,29 @@ log = logging.getLogger(__name__)
 SERVICE_KEY: web.AppKey[GatewayService] = web.AppKey("service", GatewayService)
 
 
-def _error_response(exc: ApiError) -> web.Response:
-    return web.json_response(exc.body(), status=exc.status, headers=exc.headers)
+QUERY_STATUS = {
+    QueryOutcome.MET: 200,
+    QueryOutcome.MISSED_SLO: 200,
+    QueryOutcome.DROPPED: 503,
+    QueryOutcome.DRAINING: 503,
+    QueryOutcome.REJECTED: 503,
+    QueryOutcome.TIMEOUT: 504,
+    QueryOutcome.FAILED: 502,
+}
+"""The HTTP status of each way a query ends."""
+assert set(QUERY_STATUS) == set(QueryOutcome)
+
+
+def _retry_after(request: web.Request) -> dict[str, str]:
+    """Retry-After for a 503: the configured seconds."""
+    return {"Retry-After": str(request.app[SERVICE_KEY].config.retry_after_s)}
+
+
+def _error_response(exc: ApiError, request: web.Request | None = None) -> web.Response:
+    headers = dict(exc.headers)
+    if exc.status == 503 and request is not None and SERVICE_KEY in request.app:
+        headers = {**_retry_after(request), **headers}  # every 503 says when to try again
+    return web.json_response(exc.body(), status=exc.status, headers=headers)
 
 
 @web.middleware
@@ -35,7 +57,7 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
     try:
         return await handler(request)
     except ApiError as exc:
-        return _error_response(exc)
+        return _error_response(exc, request)
     except web.HTTPRequestEntityTooLarge as exc:
         return _error_response(PayloadTooLarge(exc.text or "request body too large", field=""))
     except web.HTTPException as exc:
@@ -102,7 +124,9 @@ async def post_query(request: web.Request) -> web.Response:
     body = await _json_body(request)
     req = parse_query(body, service.config)
     answer = await service.run_query(req, t0)
-    return web.json_response(answer.body, status=answer.status, headers=answer.headers)
+    status = QUERY_STATUS[answer.outcome]
+    headers = _retry_after(request) if answer.outcome.may_retry else None
+    return web.json_response(answer.body, status=status, headers=headers)
 
 
 async def get_servers(request: web.Request) -> web.Response:

@@ -22,7 +22,7 @@ from taskserver.spawn import taskserver_argv
 
 if TYPE_CHECKING:
     from admission.actuators import Actuator
-    from gateway.service import GatewayService
+    from gateway.view import GatewayView
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ class AutoscalerLoop:
 
     def __init__(
         self,
-        service: GatewayService,
+        service: GatewayView,
         config: AutoscalingConfig,
         actuator: Actuator,
         clock: Callable[[], float],

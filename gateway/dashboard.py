@@ -20,9 +20,9 @@ from aiohttp import web
 from gateway.errors import BadRequest, NotFound
 
 if TYPE_CHECKING:
-    from gateway.service import GatewayService
+    from gateway.view import GatewayView
 
-ServiceOf = Callable[[web.Request], "GatewayService"]
+ServiceOf = Callable[[web.Request], "GatewayView"]
 
 STATIC_FILES = {
     "dashboard.html": "text/html",
@@ -57,11 +57,11 @@ def since_param(raw: str | None, default_s: float) -> float:
     return value
 
 
-def live_snapshot(service: GatewayService, wall: float) -> dict[str, Any]:
+def live_snapshot(service: GatewayView, wall: float) -> dict[str, Any]:
     """Everything the dashboard shows that the history does not keep."""
     config = service.config
     now = service.clock()
-    windows = service.metrics.server_windows
+    windows = service.server_windows
     windows.update(now)
     book = service.book
     links = sorted(service.links.values(), key=lambda lk: lk.server_id)

@@ -62,7 +62,7 @@ from sqlalchemy.pool import StaticPool
 from admission import nearest_rank
 
 if TYPE_CHECKING:
-    from gateway.service import GatewayService
+    from gateway.view import GatewayView
 
 log = logging.getLogger(__name__)
 
@@ -281,11 +281,12 @@ class HistoryStore:
 # -- the shell -----------------------------------------------------------------------------
 
 
-def read_figures(service: GatewayService) -> Figures:
+def read_figures(service: GatewayView) -> Figures:
     """The service's figures now (drains the latencies answered since the last read)."""
     now = service.clock()
     m = service.metrics
-    m.server_windows.update(now)
+    windows = service.server_windows
+    windows.update(now)
     window = service.gate.window
     miss = {"all": window.ratio(now)}
     for c in service.config.classes:
@@ -298,7 +299,7 @@ def read_figures(service: GatewayService) -> Figures:
     links = list(service.links.values())
     return Figures(
         miss=miss,
-        pool_miss={p: m.server_windows.pool_ratio(p, now) for p in m.server_windows.pools()},
+        pool_miss={p: windows.pool_ratio(p, now) for p in windows.pools()},
         latencies_ms=m.drain_latencies(),
         percentiles={c.name: c.percentile for c in service.config.classes},
         queries=queries,
@@ -317,7 +318,7 @@ class HistoryRecorder:
     """Samples the service every interval into the store; started and stopped with it."""
 
     def __init__(
-        self, service: GatewayService, *, wall_clock: Callable[[], float] = time.time
+        self, service: GatewayView, *, wall_clock: Callable[[], float] = time.time
     ) -> None:
         config = service.config
         self.service = service

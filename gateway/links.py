@@ -28,11 +28,13 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
+from gateway.central import CentralQueue
+from gateway.queries import PendingTask
 from taskserver.messages import result_problem
 from taskserver.ownership import claim_proof
-from taskserver.queues import QueuedTask, QueuePolicy, create_task_queue
+from taskserver.queues import QueuePolicy
 from taskserver.wire import (
     DEFAULT_LIMITS,
     ONEWAY,
@@ -83,37 +85,84 @@ class LinkDown(Exception):
     """The server is not connected; the task cannot be sent."""
 
 
-@dataclass(slots=True, eq=False)
-class PendingTask:
-    """A task of a running query, from dispatch until its outcome."""
+@dataclass(slots=True)
+class TaskReport:
+    """A task server's result for one task, in our own types (the link converts the wire's
+    TaskResult once it has checked it: the query path never sees Thrift objects)."""
 
-    run: Any  # gateway.queries.QueryRun
-    index: int
-    server_id: str
-    deadline_s: float
-    """Gateway-local t_D = t0 + T_b (TailGuard eq. (4))."""
-    slo_deadline_s: float
-    """Gateway-local t0 + SLO (the T-EDFQ key)."""
-    priority: int
-    class_name: str
-    payload: bytes
-    enqueued_s: float = 0.0
-    sent_s: float = 0.0
-    gateway_queue_ms: float = 0.0
-    """Central queueing: time spent in the gateway's queue for this server."""
-    missed_deadline: bool | None = None
-    """Central queueing: decided at the gateway's dequeue; None: the server decides."""
+    status: TaskStatus
+    queue_ms: float
+    """Time in the server's queue."""
+    service_ms: float
+    """Time the executor ran."""
+    server_ms: float
+    """From receipt to the result leaving the server."""
+    missed_deadline: bool
+    """Dequeued after its deadline t_D (the server's own clock)."""
+    result: bytes | None
+    error: str | None
 
 
-ResultCallback = Callable[["ServerLink", PendingTask, Any, float], None]
+_STATUS = {s.value: s for s in TaskStatus}
+
+ResultCallback = Callable[["ServerLink", PendingTask, TaskReport, float], None]
 FailureCallback = Callable[["ServerLink", PendingTask, str, str], None]
 ChangeCallback = Callable[["ServerLink"], None]
 ViolationCallback = Callable[["ServerLink", ProtocolViolation], None]
 DequeueCallback = Callable[["ServerLink", PendingTask], None]
 
 
+class TaskLink(Protocol):
+    """What the gateway's query path and server registry use of a link to one server.
+
+    `ServerLink` is the real one (Thrift over TCP); unit tests of the query path pass fakes
+    through `GatewayService(link_factory=...)`. A link reports each task's fate through the
+    callbacks it was built with: `on_result(link, task, TaskReport, now)`,
+    `on_failure(link, task, status, reason)` and, with central queueing,
+    `on_dequeue(link, task)`.
+    """
+
+    server_id: str
+    pool: str
+    cluster: str | None
+    slots: int
+    central: bool
+    registered_s: float
+    draining: bool
+    server_draining: bool
+    owner: str | None
+    last_error: str
+    outstanding: dict[str, PendingTask]
+    queue: Any
+    tasks_sent: int
+    results: int
+
+    @property
+    def address(self) -> str: ...
+    @property
+    def is_up(self) -> bool: ...
+    @property
+    def display_state(self) -> str: ...
+    @property
+    def owned_elsewhere(self) -> str | None: ...
+    @property
+    def one_way_ms(self) -> float: ...
+    @property
+    def rtt_ms(self) -> float | None: ...
+
+    def start(self) -> None: ...
+    async def wait_up(self, timeout_s: float) -> bool: ...
+    async def wait_idle(self, timeout_s: float) -> bool: ...
+    async def close(self, reason: str = ...) -> None: ...
+    def dispatch(self, p: PendingTask) -> None:
+        """Send the task (or queue it here); raise LinkDown when the server is not up."""
+        ...
+
+    def cancel_query(self, query_id: str) -> None: ...
+
+
 class ServerLink:
-    """The gateway's connection to one task server."""
+    """The gateway's connection to one task server (a `TaskLink`)."""
 
     def __init__(
         self,
@@ -176,8 +225,8 @@ class ServerLink:
         """The gateway the server says owns its slots (None: no owner, or an older server)."""
         self.last_error = ""
         self.outstanding: dict[str, PendingTask] = {}
-        self.queue = create_task_queue(policy) if central else None
-        self.inflight = 0
+        self.queue = CentralQueue(policy, slots) if central else None
+        """Central queueing: this server's policy queue, kept here (gateway.central)."""
         self.round_trips = RoundTrips()
         self._last_heard_s = clock()
         """When the server last sent anything: a result or a heartbeat reply."""
@@ -435,7 +484,7 @@ class ServerLink:
         del self.outstanding[query_id]
         self._notify_idle()
         if self.queue is not None:
-            self.inflight -= 1
+            self.queue.done()
             self._pump()
         self.on_failure(self, p, "failed", reason)
 
@@ -443,8 +492,7 @@ class ServerLink:
         """Central queueing: the tasks still queued here were never sent; reject them now."""
         if self.queue is None or not len(self.queue):
             return
-        for qt in self.queue.drain():
-            p: PendingTask = qt.item
+        for p in self.queue.drain():
             self.outstanding.pop(p.run.query_id, None)
             self.on_failure(self, p, "rejected", reason)
         self._notify_idle()
@@ -454,8 +502,7 @@ class ServerLink:
         self.outstanding.clear()
         self._notify_idle()
         if self.queue is not None:
-            self.queue.drain()
-        self.inflight = 0
+            self.queue.reset()
         for p in pending:
             self.on_failure(self, p, status, reason)
 
@@ -469,34 +516,15 @@ class ServerLink:
         if self.queue is None:
             self._send(p, self.clock())
             return
-        now = self.clock()
-        p.enqueued_s = now
-        self.queue.push(
-            QueuedTask(
-                query_id=qid,
-                task_index=p.index,
-                deadline_s=p.deadline_s,
-                slo_deadline_s=p.slo_deadline_s,
-                priority=p.priority,
-                arrival_s=now,
-                item=p,
-            )
-        )
+        self.queue.push(p, self.clock())
         self._pump()
 
     def _pump(self) -> None:
+        """Central queueing: send what the queue releases into the server's free slots."""
         if self.queue is None or self.state != "up":
             return
-        while self.inflight < self.slots:
-            now = self.clock()
-            dq = self.queue.pop(now)
-            if dq is None:
-                return
-            p: PendingTask = dq.task.item
-            # Central queueing: the miss is known here, at the dequeue (TailGuard §III.D).
-            p.missed_deadline = dq.missed_deadline
-            p.gateway_queue_ms = dq.wait_s * 1000.0
-            self.inflight += 1
+        now = self.clock()
+        for p in self.queue.ready(now):
             self._send(p, now)
             if self.on_dequeue is not None:
                 self.on_dequeue(self, p)
@@ -528,7 +556,7 @@ class ServerLink:
         if self.queue is not None:
             if self.queue.remove_query(query_id):
                 return  # still in our queue: the server never saw it
-            self.inflight -= 1
+            self.queue.done()
         if self._conn is not None and not self._conn.closed:
             self._conn.send("cancel", ONEWAY, 0, self._t.TaskServer.cancel_args(query_id=query_id))
         self._pump()
@@ -558,11 +586,22 @@ class ServerLink:
         del self.outstanding[r.query_id]
         if self._idle_waiters:
             self._notify_idle()
-        if r.status == TaskStatus.REJECTED:
+        status = _STATUS[r.status]  # result_problem checked it is one
+        if status is TaskStatus.REJECTED:
             self._poll_now.set()  # REJECTED: is the server draining, or owned elsewhere now?
         now = self.clock()
         self.results += 1
         if self.queue is not None:
-            self.inflight -= 1
+            self.queue.done()
             self._pump()
-        self.on_result(self, p, r, now)
+        # Positional, in field order: this runs once per task.
+        report = TaskReport(
+            status,
+            r.queue_ms,
+            r.service_ms,
+            r.server_ms,
+            bool(r.missed_deadline),
+            r.result,
+            r.error,
+        )
+        self.on_result(self, p, report, now)

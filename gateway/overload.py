@@ -1,7 +1,8 @@
 """Admission control in the query path: the asyncio shell around `admission.AdmissionGate`.
 
 Everything that decides admit / reject / defer lives in the gate (TailGuard §III.D); here a
-DEFER becomes a sleep and a REJECT becomes a 503 that names the miss ratio and threshold.
+DEFER becomes a sleep and a REJECT becomes `Unavailable` (503 with Retry-After, added by
+gateway.app) naming the miss ratio and threshold.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ async def admit(
     gate: AdmissionGate,
     q: QueryInfo,
     queue_pressure: Callable[[], float],
-    retry_after_s: int,
     sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
 ) -> tuple[str, float]:
     """Wait out deferrals; return (reason, waited_s) when admitted, raise 503 when not."""
@@ -34,7 +34,6 @@ async def admit(
                 f"admission control rejected the query ({d.reason}): task deadline-miss "
                 f"ratio {p.miss_ratio:.2%} over the last window, threshold {threshold:.2%}",
                 code="admission_rejected",
-                headers={"Retry-After": str(retry_after_s)},
                 extra={
                     "reason": d.reason,
                     "miss_ratio": p.miss_ratio,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from taskserver import jsonbody
@@ -18,7 +19,35 @@ REJECTED = TaskStatus.REJECTED.label
 DROPPED = TaskStatus.DROPPED.label
 LOST = "lost"
 TIMEOUT = "timeout"
-WIRE_STATUS = {s.value: s.label for s in TaskStatus}
+
+
+class QueryOutcome(StrEnum):
+    """How a query ended; the HTTP shell (gateway.app) picks the status for each."""
+
+    MET = "met"
+    """Every task OK, within the SLO."""
+    MISSED_SLO = "missed_slo"
+    """Every task OK, later than the SLO."""
+    DROPPED = "dropped"
+    """A task was dropped on purpose (PARD): it could not meet its deadline."""
+    DRAINING = "draining"
+    """The gateway stopped before the query completed."""
+    TIMEOUT = "timeout"
+    """Not complete at SLO + grace."""
+    REJECTED = "rejected"
+    """Every task at fault was refused by its server (draining, queue full...)."""
+    FAILED = "failed"
+    """A task failed or its server was lost."""
+
+    @property
+    def metric(self) -> str:
+        """The `outcome` label of tailgate_queries_total."""
+        return "rejected" if self is QueryOutcome.DRAINING else self.value
+
+    @property
+    def may_retry(self) -> bool:
+        """A later try may succeed: the answer is 503 with Retry-After."""
+        return self in (QueryOutcome.DROPPED, QueryOutcome.DRAINING, QueryOutcome.REJECTED)
 
 
 @dataclass(slots=True)
@@ -119,3 +148,25 @@ class QueryRun:
         if not self.done.done():
             self.expired = True
             self.done.set_result(None)
+
+
+@dataclass(slots=True, eq=False)
+class PendingTask:
+    """A task of a running query, from dispatch until its outcome."""
+
+    run: QueryRun
+    index: int
+    server_id: str
+    deadline_s: float
+    """Gateway-local t_D = t0 + T_b (TailGuard eq. (4))."""
+    slo_deadline_s: float
+    """Gateway-local t0 + SLO (the T-EDFQ key)."""
+    priority: int
+    class_name: str
+    payload: bytes
+    enqueued_s: float = 0.0
+    sent_s: float = 0.0
+    gateway_queue_ms: float = 0.0
+    """Central queueing: time spent in the gateway's queue for this server."""
+    missed_deadline: bool | None = None
+    """Central queueing: decided at the gateway's dequeue; None: the server decides."""

@@ -31,7 +31,7 @@ from gateway.config import GatewayConfig, PoolConfig, parse_address
 from gateway.deadlines import DeadlineEstimator, DeadlinePlan, SloUnreachable
 from gateway.errors import NotFound, SloUnreachableError, Unavailable
 from gateway.history import HistoryRecorder
-from gateway.links import LinkDown, PendingTask, ServerLink
+from gateway.links import LinkDown, ServerLink, TaskLink, TaskReport
 from gateway.metrics import GatewayMetrics, fanout_bucket
 from gateway.overload import admit
 from gateway.queries import (
@@ -39,12 +39,15 @@ from gateway.queries import (
     DROPPED,
     LOST,
     OK,
+    REJECTED,
     TIMEOUT,
-    WIRE_STATUS,
+    PendingTask,
+    QueryOutcome,
     QueryRun,
     TaskOutcome,
 )
 from gateway.requests import QueryRequest, RegisterRequest
+from gateway.server_windows import ServerMissRatios
 from gateway.table_cdf import prior_of
 from gateway.targets import TargetPicker
 from taskserver.framecheck import WireLimits
@@ -55,17 +58,17 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class QueryAnswer:
-    """HTTP status, body and headers of a query's answer.
+    """How a query ended (`outcome`, see `gateway.queries.QueryOutcome`), its summary and
+    every task's outcome. The HTTP status and headers are the shell's choice (gateway.app).
 
     The per-task part of the body is rendered on first access: the query is
-    decided (status, metrics, CDFs) without it, and only the HTTP shell pays
+    decided (outcome, metrics, CDFs) without it, and only the HTTP shell pays
     for decoding task results into the JSON answer.
     """
 
-    status: int
+    outcome: QueryOutcome
     summary: dict[str, Any]
     outcomes: list[TaskOutcome]
-    headers: dict[str, str]
 
     @property
     def body(self) -> dict[str, Any]:
@@ -105,8 +108,12 @@ class GatewayService:
         registry: CollectorRegistry | None = None,
         clock: Callable[[], float] = time.perf_counter,
         rng: random.Random | None = None,
+        link_factory: Callable[..., TaskLink] = ServerLink,
     ) -> None:
+        """`link_factory` builds the link to a registering server with ServerLink's
+        arguments (a fake in unit tests of the query path)."""
         self.config = config
+        self._link_factory = link_factory
         self.clock = clock
         self.rng = rng or random.Random()
         self.registry = registry or CollectorRegistry()
@@ -126,7 +133,7 @@ class GatewayService:
         self.metrics.bind_window(
             lambda c: self.gate.window.ratio(self.clock(), c), [c.name for c in config.classes]
         )
-        self.links: dict[str, ServerLink] = {}
+        self.links: dict[str, TaskLink] = {}
         self.targets = TargetPicker(config, self.links, self.rng)
         self.pool_members = self.targets.pool_members
         self._pools = {p.name: p for p in config.pools}
@@ -153,6 +160,11 @@ class GatewayService:
         )
         self.metrics.bind_service(self)
         self.history = HistoryRecorder(self)
+
+    @property
+    def server_windows(self) -> ServerMissRatios:
+        """Windowed miss ratio per server and per pool (GatewayView)."""
+        return self.metrics.server_windows
 
     # -- servers ---------------------------------------------------------
     async def start(self) -> None:
@@ -234,7 +246,7 @@ class GatewayService:
             await self.deregister(req.id)
         host, port = parse_address(req.address)
         pool = self._pools[req.pool]
-        link = ServerLink(
+        link = self._link_factory(
             req.id,
             host,
             port,
@@ -294,7 +306,7 @@ class GatewayService:
             self.metrics.server_windows.forget(server_id, self.clock())
         return {"id": server_id, "deleted": True, "drained": failed == 0, "failed_tasks": failed}
 
-    def server_view(self, link: ServerLink) -> dict[str, Any]:
+    def server_view(self, link: TaskLink) -> dict[str, Any]:
         """A server as GET /v1/servers shows it."""
         cdf = self.book.cdf_of(link.server_id) if self.book.has_server(link.server_id) else None
         view: dict[str, Any] = {
@@ -327,11 +339,11 @@ class GatewayService:
         return view
 
     # -- the query path ----------------------------------------------------
-    def resolve(self, req: QueryRequest) -> list[ServerLink]:
+    def resolve(self, req: QueryRequest) -> list[TaskLink]:
         """The k_f target servers of a query (TailGuard §III.B: the handler picks them)."""
         return self.targets.pick(req.targets)
 
-    def plan(self, req: QueryRequest, links: list[ServerLink]) -> DeadlinePlan:
+    def plan(self, req: QueryRequest, links: list[TaskLink]) -> DeadlinePlan:
         """x_p^u over exactly these servers and the task budget (TailGuard eq. (1)-(4))."""
         try:
             plan = self.estimator.plan([lk.server_id for lk in links], req.percentile, req.slo_ms)
@@ -359,7 +371,6 @@ class GatewayService:
             raise Unavailable(
                 "the gateway is shutting down and admits no new query; send it to another replica",
                 code="draining",
-                headers={"Retry-After": str(self.config.retry_after_s)},
             )
         self._active += 1
         self._idle.clear()
@@ -383,7 +394,7 @@ class GatewayService:
         try:
             if not self.gate.clearly_admitted():
                 info = QueryInfo(cls, req.priority, len(links), req.slo_ms, plan.unloaded_ms)
-                await admit(self.gate, info, self._queue_pressure, self.config.retry_after_s)
+                await admit(self.gate, info, self._queue_pressure)
         except Unavailable as exc:
             self.metrics.queries.labels(cls, "rejected").inc()
             self.metrics.admission_rejected(cls, str(exc.extra.get("reason", "")))
@@ -443,7 +454,7 @@ class GatewayService:
             self.metrics.inflight.dec()
         return self._answer(req, run, plan, links)
 
-    def _abandon(self, run: QueryRun, links: list[ServerLink], reason: str) -> dict[str, int]:
+    def _abandon(self, run: QueryRun, links: list[TaskLink], reason: str) -> dict[str, int]:
         """Cancel every task of the query that has no outcome yet; how many, per pool."""
         timed_out = run.expired and run.query_id not in self._cut
         cancelled: dict[str, int] = {}
@@ -457,7 +468,7 @@ class GatewayService:
         return cancelled
 
     def _answer(
-        self, req: QueryRequest, run: QueryRun, plan: DeadlinePlan, links: list[ServerLink]
+        self, req: QueryRequest, run: QueryRun, plan: DeadlinePlan, links: list[TaskLink]
     ) -> QueryAnswer:
         now = self.clock()
         latency_ms = (now - run.t0) * 1000.0
@@ -480,10 +491,8 @@ class GatewayService:
             "dispatch_ms": round((run.t_sent - run.t0) * 1000.0, 4),
             "merge_ms": round((now - run.t_last) * 1000.0, 4) if not run.expired else 0.0,
         }
-        headers: dict[str, str] = {}
         if statuses == {OK}:
-            status = 200
-            outcome = "met" if body["met_slo"] else "missed_slo"
+            outcome = QueryOutcome.MET if body["met_slo"] else QueryOutcome.MISSED_SLO
             self.gate.record_query(cls, latency_ms, req.slo_ms)
             self.metrics.query_answered(cls, run.fanout, latency_ms)
         else:
@@ -493,35 +502,31 @@ class GatewayService:
             if dropped:
                 # Dropped because it could not meet its deadline: like an overload rejection,
                 # retrying later may succeed.
-                status, code, outcome = 503, "task_dropped", "dropped"
+                outcome, code = QueryOutcome.DROPPED, "task_dropped"
                 message = f"task on server {dropped[0].server} dropped: {dropped[0].error}"
-                headers["Retry-After"] = str(self.config.retry_after_s)
                 body["cancelled_siblings"] = sum(1 for o in outcomes if o.status == CANCELLED)
             elif run.query_id in self._cut:
-                status, code, outcome = 503, "draining", "rejected"
+                outcome, code = QueryOutcome.DRAINING, "draining"
                 message = "the gateway stopped before the query completed (drain bound reached)"
-                headers["Retry-After"] = str(self.config.retry_after_s)
             elif TIMEOUT in statuses:
-                status, code, outcome = 504, "query_timeout", "timeout"
+                outcome, code = QueryOutcome.TIMEOUT, "query_timeout"
                 message = (
                     f"query not complete at SLO + grace "
                     f"({req.slo_ms:g} + {self.config.grace_ms:g} ms)"
                 )
-            elif bad and all(o.status == "rejected" for o in bad):
-                status, code, outcome = 503, "task_rejected", "rejected"
+            elif bad and all(o.status == REJECTED for o in bad):
+                outcome, code = QueryOutcome.REJECTED, "task_rejected"
                 message = f"server {first.server} rejected its task: {first.error}"
-                headers["Retry-After"] = str(self.config.retry_after_s)
             else:
-                status, code, outcome = 502, "task_failed", "failed"
+                outcome, code = QueryOutcome.FAILED, "task_failed"
                 message = f"task on server {first.server} {first.status}: {first.error}"
             body["error"] = {"code": code, "message": message, "field": None}
-        self.metrics.queries.labels(cls, outcome).inc()
-        return QueryAnswer(status, body, outcomes, headers)
+        self.metrics.queries.labels(cls, outcome.metric).inc()
+        return QueryAnswer(outcome, body, outcomes)
 
-    def _unreachable(self, down: list[ServerLink]) -> Unavailable:
+    def _unreachable(self, down: list[TaskLink]) -> Unavailable:
         """503 for targets that take no task now, naming the owner of a central pool."""
         ids = [lk.server_id for lk in down]
-        headers = {"Retry-After": str(self.config.retry_after_s)}
         owned = [lk for lk in down if lk.owned_elsewhere is not None]
         if owned:
             owners = sorted({str(lk.owned_elsewhere) for lk in owned})
@@ -530,7 +535,6 @@ class GatewayService:
                 f"pool {', '.join(pools)} is owned by gateway {', '.join(owners)}: with central "
                 "queueing one gateway at a time sends to its servers; use that gateway",
                 code="pool_owned_elsewhere",
-                headers=headers,
                 extra={
                     "owner": owners[0],
                     "servers_owned_elsewhere": [lk.server_id for lk in owned],
@@ -539,7 +543,6 @@ class GatewayService:
         return Unavailable(
             f"{len(ids)} target server(s) are not reachable: {', '.join(ids[:10])}",
             code="servers_down",
-            headers=headers,
             extra={"servers_down": ids},
         )
 
@@ -577,7 +580,7 @@ class GatewayService:
             return False
         return True
 
-    def _on_link_change(self, link: ServerLink) -> None:
+    def _on_link_change(self, link: TaskLink) -> None:
         """A server began or ended draining: it leaves or rejoins its pool's selection."""
         if self.links.get(link.server_id) is not link or link.draining:
             return  # being deregistered: deregister() has taken it out already
@@ -597,8 +600,8 @@ class GatewayService:
         return waiting / slots
 
     # -- link callbacks ------------------------------------------------------
-    def _on_result(self, link: ServerLink, p: PendingTask, r: Any, now: float) -> None:
-        status = WIRE_STATUS.get(r.status, "failed")
+    def _on_result(self, link: TaskLink, p: PendingTask, r: TaskReport, now: float) -> None:
+        status = r.status.label
         if link.central:
             # The dequeue happened here, when the task was sent (TailGuard §III.C.2).
             post_queue_ms = (now - p.sent_s) * 1000.0
@@ -638,10 +641,10 @@ class GatewayService:
         )
         p.run.complete(p.index, outcome, now)
 
-    def _on_dequeue(self, link: ServerLink, p: PendingTask) -> None:
+    def _on_dequeue(self, link: TaskLink, p: PendingTask) -> None:
         """Central queueing: a task left this gateway's queue; its miss is known now."""
         self.gate.note_task(bool(p.missed_deadline), p.class_name)
 
-    def _on_failure(self, link: ServerLink, p: PendingTask, status: str, reason: str) -> None:
+    def _on_failure(self, link: TaskLink, p: PendingTask, status: str, reason: str) -> None:
         self.metrics.task_done(link.pool, status)
         p.run.complete(p.index, TaskOutcome(link.server_id, status, error=reason), self.clock())

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 from gateway.config import GatewayConfig
 from gateway.errors import BadRequest, Unavailable
-from gateway.links import ServerLink
+from gateway.links import TaskLink
 from gateway.requests import Targets
 
 
@@ -20,7 +20,7 @@ class TargetPicker:
     """Which servers belong to which pool and cluster, and which ones a query gets."""
 
     def __init__(
-        self, config: GatewayConfig, links: Mapping[str, ServerLink], rng: random.Random
+        self, config: GatewayConfig, links: Mapping[str, TaskLink], rng: random.Random
     ) -> None:
         self.config = config
         self.links = links
@@ -35,13 +35,13 @@ class TargetPicker:
         self._declared = {p.name: frozenset(p.clusters) for p in config.pools}
 
     # -- membership ---------------------------------------------------------
-    def join(self, link: ServerLink) -> None:
+    def join(self, link: TaskLink) -> None:
         """Add a registered server to its pool and cluster."""
         self.pool_members[link.pool].append(link.server_id)
         if link.cluster is not None:
             self.cluster_members[link.pool].setdefault(link.cluster, []).append(link.server_id)
 
-    def leave(self, link: ServerLink) -> None:
+    def leave(self, link: TaskLink) -> None:
         """Take a server out of its pool and cluster (no-op when already out).
 
         An undeclared cluster left without members is forgotten.
@@ -57,7 +57,7 @@ class TargetPicker:
                 del clusters[link.cluster]
 
     # -- the pick -------------------------------------------------------------
-    def pick(self, t: Targets) -> list[ServerLink]:
+    def pick(self, t: Targets) -> list[TaskLink]:
         """The k_f target servers (TailGuard §III.B: the query handler picks them)."""
         if t.servers is not None:
             links = []
@@ -92,7 +92,7 @@ class TargetPicker:
             )
         return self._sample(members, t.fanout)
 
-    def _sample(self, members: list[str], k: int) -> list[ServerLink]:
+    def _sample(self, members: list[str], k: int) -> list[TaskLink]:
         """k random servers of members, live ones preferred."""
         # Falls back to any when too few are live, so that the query's 503 names the down ones.
         live = [s for s in members if self.links[s].is_up]
@@ -132,7 +132,7 @@ class TargetPicker:
                 clusters_down=down,
             )
 
-    def _per_cluster(self, pool: str, k: int, exclude: str | None) -> list[ServerLink]:
+    def _per_cluster(self, pool: str, k: int, exclude: str | None) -> list[TaskLink]:
         """k random servers from each cluster of the pool (servers without a label: none)."""
         if exclude is not None:
             self._cluster(pool, exclude, "targets.exclude_cluster")
@@ -147,7 +147,7 @@ class TargetPicker:
                 field="targets.per_cluster",
             )
         self._check_live(pool, clusters)
-        links: list[ServerLink] = []
+        links: list[TaskLink] = []
         for cluster, ids in clusters.items():
             if k > len(ids):
                 raise BadRequest(
@@ -162,6 +162,5 @@ class TargetPicker:
         return Unavailable(
             message,
             code=code,
-            headers={"Retry-After": str(self.config.retry_after_s)},
             extra=extra or None,
         )

@@ -41,6 +41,7 @@ class Drainable(Protocol):
         """Serve the queue within timeout_s; (finished, given up)."""
         ...
 
+
 __all__ = ["drain_and_leave", "register_forever", "retire_when_idle"]
 
 log = logging.getLogger(__name__)

@@ -189,7 +189,7 @@ def _gateway_decisions(rule: Rule, stream: list[Arrival]) -> list[tuple[int, int
         # The service skips admission when the gate clearly admits (GatewayService._run_query).
         if gate.clearly_admitted():
             return None
-        return Handle(admit(gate, info, pressure, 1, sleep=_Sleep), info)
+        return Handle(admit(gate, info, pressure, sleep=_Sleep), info)
 
     def step(handle: object) -> tuple[Decision | None, float]:
         if handle is None:

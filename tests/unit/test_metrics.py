@@ -12,7 +12,8 @@ from admission import MissRatioWindow
 from gateway.cdf import CdfBook
 from gateway.config import GatewayConfig
 from gateway.links import ServerLink
-from gateway.metrics import SERVER_WINDOW_S, GatewayMetrics
+from gateway.metrics import GatewayMetrics
+from gateway.server_windows import SERVER_WINDOW_S
 from gateway.service import GatewayService
 from taskserver.metrics import LiteHistogram
 
