@@ -21,7 +21,7 @@ from typing import Any
 from edge_agent.profiles import PROFILE_NAMES
 from edge_agent.readers import SIMULATED_SENSORS, check_sensor_name
 from taskserver.queues import QueuePolicy
-from taskserver.registration import check_token
+from taskserver.registration import check_cluster_name, check_token
 
 __all__ = [
     "ENV_TOKEN",
@@ -106,8 +106,7 @@ class AgentConfig:
     def __post_init__(self) -> None:
         if not _ID.fullmatch(self.agent_id):
             raise ValueError(f"agent_id: must match {_ID.pattern}, got {self.agent_id!r}")
-        if not _ID.fullmatch(self.cluster):
-            raise ValueError(f"cluster: must match {_ID.pattern}, got {self.cluster!r}")
+        check_cluster_name(self.cluster)  # the gateway's rule: it must accept the label
         if not self.pool:
             raise ValueError("pool: must not be empty")
         for name in ("port", "metrics_port"):

@@ -8,12 +8,11 @@ field's name so the loader can prefix the full key path.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 
 from admission.config import AdmissionConfig
 from taskserver.queues import QueuePolicy
-from taskserver.registration import check_token
+from taskserver.registration import check_cluster_name, check_token
 from taskserver.service_time import ServiceSpec
 
 
@@ -327,17 +326,6 @@ class GatewayConfig:
             if p.name == name:
                 return p
         return None
-
-
-CLUSTER_NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
-"""A cluster label: 1 to 64 letters, digits, dots, underscores or hyphens."""
-
-
-def check_cluster_name(name: object) -> str:
-    """The name if it is a valid cluster label, else ValueError naming the value."""
-    if not isinstance(name, str) or not CLUSTER_NAME_RE.fullmatch(name):
-        raise ValueError(f"cluster: must be 1..64 characters of A-Z a-z 0-9 . _ -, got {name!r}")
-    return name
 
 
 def parse_address(address: str) -> tuple[str, int]:

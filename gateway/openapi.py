@@ -1,8 +1,14 @@
-"""The OpenAPI 3.1 document of the gateway's HTTP API (GET /openapi.json)."""
+"""The OpenAPI 3.1 document of the gateway's HTTP API (GET /openapi.json).
+
+The request bodies' schemas come from their definitions in `gateway.requests`, the same
+objects that validate them.
+"""
 
 from __future__ import annotations
 
 from typing import Any
+
+from gateway.requests import REQUEST_BODIES
 
 _ERROR = {
     "type": "object",
@@ -18,49 +24,6 @@ _ERROR = {
             },
         }
     },
-}
-
-_CLUSTER_NAME = {"type": "string", "pattern": "^[A-Za-z0-9._-]{1,64}$"}
-
-_TARGETS = {
-    "type": "object",
-    "description": (
-        "Either explicit servers, or a pool with one of fanout (k random servers), all, or "
-        "per_cluster (k random servers from each cluster). cluster narrows fanout or all to "
-        "one cluster; exclude_cluster leaves one out. An unknown cluster is 400; a cluster "
-        "with no live server is 503 (Retry-After)."
-    ),
-    "properties": {
-        "servers": {"type": "array", "items": {"type": "string"}, "minItems": 1},
-        "pool": {"type": "string"},
-        "fanout": {"type": "integer", "minimum": 1},
-        "all": {"type": "boolean"},
-        "per_cluster": {"type": "integer", "minimum": 1},
-        "cluster": _CLUSTER_NAME,
-        "exclude_cluster": _CLUSTER_NAME,
-    },
-    "additionalProperties": False,
-}
-
-_QUERY = {
-    "type": "object",
-    "required": ["targets"],
-    "properties": {
-        "class": {"type": "string", "description": "a configured class (GET /v1/classes)"},
-        "slo": {
-            "type": "object",
-            "required": ["percentile", "latency_ms"],
-            "properties": {
-                "percentile": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 100},
-                "latency_ms": {"type": "number", "exclusiveMinimum": 0},
-            },
-            "additionalProperties": False,
-        },
-        "priority": {"type": "integer", "description": "PRIQ priority, smaller first"},
-        "targets": {"$ref": "#/components/schemas/Targets"},
-        "task": {"description": "task payload handed to every task's executor"},
-    },
-    "additionalProperties": False,
 }
 
 _TASK = {
@@ -153,19 +116,6 @@ _PROBE = {
         "servers_up": {"type": "integer"},
         "servers": {"type": "integer"},
     },
-}
-
-_REGISTER = {
-    "type": "object",
-    "required": ["id", "address"],
-    "properties": {
-        "id": {"type": "string"},
-        "pool": {"type": "string"},
-        "address": {"type": "string", "description": "host:port of the Thrift listener"},
-        "slots": {"type": "integer", "minimum": 1},
-        "cluster": {**_CLUSTER_NAME, "description": "cluster label (edge agents: the Pi cluster)"},
-    },
-    "additionalProperties": False,
 }
 
 _REGISTRATION_SECURITY = [{}, {"registrationToken": []}]
@@ -397,12 +347,10 @@ def openapi_document() -> dict[str, Any]:
             "schemas": {
                 "Error": _ERROR,
                 "Probe": _PROBE,
-                "Targets": _TARGETS,
-                "Query": _QUERY,
+                **{body.name: body.schema() for body in REQUEST_BODIES},
                 "TaskOutcome": _TASK,
                 "QueryAnswer": _ANSWER,
                 "Server": _SERVER,
-                "Register": _REGISTER,
             },
         },
     }

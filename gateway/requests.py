@@ -11,12 +11,183 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.config import GatewayConfig, check_cluster_name, parse_address
+from gateway.config import GatewayConfig, parse_address
 from gateway.errors import BadRequest
+from taskserver.registration import CLUSTER_NAME_RE, check_cluster_name
 
-_QUERY_FIELDS = {"class", "slo", "targets", "task", "priority"}
-_TARGET_FIELDS = {"servers", "pool", "fanout", "all", "cluster", "per_cluster", "exclude_cluster"}
-_REGISTER_FIELDS = {"id", "pool", "address", "slots", "cluster"}
+CLUSTER_PATTERN = f"^{CLUSTER_NAME_RE.pattern}$"
+"""What check_cluster_name accepts, as a JSON Schema pattern."""
+
+
+@dataclass(frozen=True, slots=True)
+class Field:
+    """One field of a request body: its JSON Schema and the checks that go with it.
+
+    The body definitions below are the one source of both the validation here and the
+    request schemas of the OpenAPI document (gateway.openapi). `check` covers the type and
+    range and words its error as the API always has; the rules across fields, and the
+    checks against the configuration (known classes, pools, max_fanout), stay in the
+    parse functions.
+    """
+
+    name: str
+    kind: str
+    """JSON type: string, integer, number, boolean, object, array, or "" for any value."""
+    description: str = ""
+    required: bool = False
+    minimum: float | None = None
+    maximum: float | None = None
+    exclusive_minimum: float | None = None
+    exclusive_maximum: float | None = None
+    max_length: int | None = None
+    pattern: str | None = None
+    ref: str | None = None
+    """A component schema this field is (``#/components/schemas/NAME``)."""
+    extra: tuple[tuple[str, Any], ...] = ()
+    """More JSON Schema keywords (items, minItems...)."""
+
+    def schema(self) -> dict[str, Any]:
+        """The field's JSON Schema."""
+        if self.ref is not None:
+            return {"$ref": f"#/components/schemas/{self.ref}"}
+        out: dict[str, Any] = {"type": self.kind} if self.kind else {}
+        for key, value in (
+            ("minimum", self.minimum),
+            ("maximum", self.maximum),
+            ("exclusiveMinimum", self.exclusive_minimum),
+            ("exclusiveMaximum", self.exclusive_maximum),
+            ("minLength", 1 if self.max_length else None),
+            ("maxLength", self.max_length),
+            ("pattern", self.pattern),
+        ):
+            if value is not None:
+                out[key] = value
+        out.update(self.extra)
+        if self.description:
+            out["description"] = self.description
+        return out
+
+    def check(self, value: Any, path: str) -> Any:
+        """The value if it has this field's type and range; BadRequest naming `path` if not."""
+        if self.kind == "integer":
+            lo, hi = self.minimum, self.maximum
+            ok = _is_int(value) and (lo is None or value >= lo) and (hi is None or value <= hi)
+            if not ok:
+                want = f"in {lo:g}..{hi:g}" if lo is not None and hi is not None else f">= {lo:g}"
+                raise BadRequest(f"must be an integer {want}, got {value!r}", field=path)
+        elif self.kind == "number":
+            if not _is_number(value) or not math.isfinite(value):
+                raise BadRequest(f"must be a number, got {value!r}", field=path)
+            lo, hi = self.exclusive_minimum, self.exclusive_maximum
+            if (lo is not None and not value > lo) or (hi is not None and not value < hi):
+                want = f"in ({lo:g}, {hi:g})" if lo is not None and hi is not None else f"> {lo:g}"
+                raise BadRequest(f"must be {want}, got {value}", field=path)
+        elif self.kind == "boolean":
+            if not isinstance(value, bool):
+                raise BadRequest(f"must be a boolean, got {value!r}", field=path)
+        elif self.kind == "string":
+            if not isinstance(value, str):
+                raise BadRequest(f"must be a string, got {_type_name(value)}", field=path)
+        elif self.kind == "object" and not isinstance(value, dict):
+            raise BadRequest(f"must be an object, got {_type_name(value)}", field=path)
+        return value
+
+
+@dataclass(frozen=True, slots=True)
+class Body:
+    """A JSON object of fields (a request body, or an object inside one)."""
+
+    name: str
+    """Its component name in the OpenAPI document."""
+    fields: tuple[Field, ...]
+    description: str = ""
+
+    @property
+    def names(self) -> set[str]:
+        """The field names it allows."""
+        return {f.name for f in self.fields}
+
+    def __getitem__(self, name: str) -> Field:
+        return next(f for f in self.fields if f.name == name)
+
+    def schema(self) -> dict[str, Any]:
+        """Its JSON Schema (no field beyond those listed)."""
+        out: dict[str, Any] = {"type": "object"}
+        if self.description:
+            out["description"] = self.description
+        required = [f.name for f in self.fields if f.required]
+        if required:
+            out["required"] = required
+        out["properties"] = {f.name: f.schema() for f in self.fields}
+        out["additionalProperties"] = False
+        return out
+
+
+SLO_BODY = Body(
+    "Slo",
+    (
+        Field("percentile", "number", required=True, exclusive_minimum=0, exclusive_maximum=100),
+        Field("latency_ms", "number", required=True, exclusive_minimum=0),
+    ),
+)
+TARGETS_BODY = Body(
+    "Targets",
+    (
+        Field(
+            "servers",
+            "array",
+            extra=(("items", {"type": "string", "minLength": 1}), ("minItems", 1)),
+        ),
+        Field("pool", "string"),
+        Field("fanout", "integer", minimum=1, description="at most max_fanout"),
+        Field("all", "boolean"),
+        Field("per_cluster", "integer", minimum=1, description="at most max_fanout"),
+        Field("cluster", "string", pattern=CLUSTER_PATTERN),
+        Field("exclude_cluster", "string", pattern=CLUSTER_PATTERN),
+    ),
+    "Either explicit servers, or a pool with one of fanout (k random servers), all, or "
+    "per_cluster (k random servers from each cluster). cluster narrows fanout or all to "
+    "one cluster; exclude_cluster leaves one out. An unknown cluster is 400; a cluster "
+    "with no live server is 503 (Retry-After).",
+)
+QUERY_BODY = Body(
+    "Query",
+    (
+        Field("class", "string", description="a configured class (GET /v1/classes)"),
+        Field("slo", "object", ref="Slo"),
+        Field(
+            "priority",
+            "integer",
+            minimum=-1000,
+            maximum=1000,
+            description="PRIQ priority, smaller first",
+        ),
+        Field("targets", "object", required=True, ref="Targets"),
+        Field("task", "", description="task payload handed to every task's executor"),
+    ),
+    "Give a class or an slo (not both; neither: the default class).",
+)
+REGISTER_BODY = Body(
+    "Register",
+    (
+        Field("id", "string", required=True, max_length=200),
+        Field("pool", "string"),
+        Field("address", "string", required=True, description="host:port of the Thrift listener"),
+        Field("slots", "integer", minimum=1, maximum=100_000),
+        Field(
+            "cluster",
+            "string",
+            pattern=CLUSTER_PATTERN,
+            description="cluster label (edge agents: the Pi cluster)",
+        ),
+    ),
+)
+REQUEST_BODIES = (QUERY_BODY, SLO_BODY, TARGETS_BODY, REGISTER_BODY)
+"""Every request body and object in one, for the OpenAPI document's components."""
+
+_QUERY_FIELDS = QUERY_BODY.names
+_TARGET_FIELDS = TARGETS_BODY.names
+_REGISTER_FIELDS = REGISTER_BODY.names
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,19 +270,14 @@ def parse_query(body: Any, config: GatewayConfig) -> QueryRequest:
             cls_name = config.default_class
         if cls_name is None:
             raise BadRequest("a query needs a 'class' or an 'slo'", field="class")
-        if not isinstance(cls_name, str):
-            raise BadRequest(f"must be a string, got {_type_name(cls_name)}", field="class")
+        QUERY_BODY["class"].check(cls_name, "class")
         cls = config.class_named(cls_name)
         if cls is None:
             known = ", ".join(c.name for c in config.classes)
             raise BadRequest(f"unknown class {cls_name!r} (known: {known})", field="class")
         percentile, slo_ms, priority = cls.percentile, cls.latency_ms, cls.priority
     if "priority" in body:
-        priority = body["priority"]
-        if not _is_int(priority) or not -1000 <= priority <= 1000:
-            raise BadRequest(
-                f"must be an integer in -1000..1000, got {priority!r}", field="priority"
-            )
+        priority = QUERY_BODY["priority"].check(body["priority"], "priority")
     if "targets" not in body:
         raise BadRequest("required", field="targets")
     targets = _parse_targets(body["targets"], config)
@@ -124,25 +290,17 @@ def parse_query(body: Any, config: GatewayConfig) -> QueryRequest:
 
 
 def _parse_slo(slo: Any) -> tuple[float, float]:
-    if not isinstance(slo, dict):
-        raise BadRequest(f"must be an object, got {_type_name(slo)}", field="slo")
-    _unknown(slo, {"percentile", "latency_ms"}, "slo.")
-    for key in ("percentile", "latency_ms"):
-        if key not in slo:
-            raise BadRequest("required", field=f"slo.{key}")
-        if not _is_number(slo[key]) or not math.isfinite(slo[key]):
-            raise BadRequest(f"must be a number, got {slo[key]!r}", field=f"slo.{key}")
-    percentile, latency_ms = float(slo["percentile"]), float(slo["latency_ms"])
-    if not 0 < percentile < 100:
-        raise BadRequest(f"must be in (0, 100), got {slo['percentile']}", field="slo.percentile")
-    if latency_ms <= 0:
-        raise BadRequest(f"must be > 0, got {slo['latency_ms']}", field="slo.latency_ms")
-    return percentile, latency_ms
+    QUERY_BODY["slo"].check(slo, "slo")
+    _unknown(slo, SLO_BODY.names, "slo.")
+    for f in SLO_BODY.fields:
+        if f.name not in slo:
+            raise BadRequest("required", field=f"slo.{f.name}")
+        f.check(slo[f.name], f"slo.{f.name}")
+    return float(slo["percentile"]), float(slo["latency_ms"])
 
 
 def _parse_targets(t: Any, config: GatewayConfig) -> Targets:
-    if not isinstance(t, dict):
-        raise BadRequest(f"must be an object, got {_type_name(t)}", field="targets")
+    QUERY_BODY["targets"].check(t, "targets")
     _unknown(t, _TARGET_FIELDS, "targets.")
     if "servers" in t:
         if any(k in t for k in _TARGET_FIELDS - {"servers"}):
@@ -168,14 +326,11 @@ def _parse_targets(t: Any, config: GatewayConfig) -> Targets:
     pool = t.get("pool")
     if pool is None:
         raise BadRequest("give 'servers' or a 'pool'", field="targets.pool")
-    if not isinstance(pool, str):
-        raise BadRequest(f"must be a string, got {_type_name(pool)}", field="targets.pool")
+    TARGETS_BODY["pool"].check(pool, "targets.pool")
     if config.pool_named(pool) is None:
         known = ", ".join(p.name for p in config.pools)
         raise BadRequest(f"unknown pool {pool!r} (known: {known})", field="targets.pool")
-    all_ = t.get("all", False)
-    if not isinstance(all_, bool):
-        raise BadRequest(f"must be a boolean, got {all_!r}", field="targets.all")
+    all_ = TARGETS_BODY["all"].check(t.get("all", False), "targets.all")
     fanout = t.get("fanout")
     per_cluster = t.get("per_cluster")
     cluster = _cluster_field(t, "cluster")
@@ -197,10 +352,7 @@ def _parse_targets(t: Any, config: GatewayConfig) -> Targets:
                 "with 'fanout'",
                 field="targets.per_cluster",
             )
-        if not _is_int(per_cluster) or per_cluster < 1:
-            raise BadRequest(
-                f"must be an integer >= 1, got {per_cluster!r}", field="targets.per_cluster"
-            )
+        TARGETS_BODY["per_cluster"].check(per_cluster, "targets.per_cluster")
         if per_cluster > config.max_fanout:
             raise BadRequest(
                 f"per_cluster {per_cluster} exceeds max_fanout {config.max_fanout}",
@@ -211,8 +363,7 @@ def _parse_targets(t: Any, config: GatewayConfig) -> Targets:
             raise BadRequest(
                 "required unless 'all' is true or 'per_cluster' is given", field="targets.fanout"
             )
-        if not _is_int(fanout) or fanout < 1:
-            raise BadRequest(f"must be an integer >= 1, got {fanout!r}", field="targets.fanout")
+        TARGETS_BODY["fanout"].check(fanout, "targets.fanout")
         if fanout > config.max_fanout:
             raise BadRequest(
                 f"fanout {fanout} exceeds max_fanout {config.max_fanout}", field="targets.fanout"
@@ -243,7 +394,8 @@ def parse_register(body: Any, config: GatewayConfig) -> RegisterRequest:
         raise BadRequest(f"body must be a JSON object, got {_type_name(body)}", field="")
     _unknown(body, _REGISTER_FIELDS, "")
     sid = body.get("id")
-    if not isinstance(sid, str) or not sid or len(sid) > 200:
+    max_id = REGISTER_BODY["id"].max_length or 0
+    if not isinstance(sid, str) or not sid or len(sid) > max_id:
         raise BadRequest(f"must be a non-empty string, got {sid!r}", field="id")
     pool = body.get("pool", config.pools[0].name)
     if not isinstance(pool, str) or config.pool_named(pool) is None:
@@ -256,9 +408,7 @@ def parse_register(body: Any, config: GatewayConfig) -> RegisterRequest:
         parse_address(address)
     except ValueError as exc:
         raise BadRequest(str(exc).removeprefix("address: "), field="address") from exc
-    slots = body.get("slots", 1)
-    if not _is_int(slots) or not 1 <= slots <= 100_000:
-        raise BadRequest(f"must be an integer in 1..100000, got {slots!r}", field="slots")
+    slots = REGISTER_BODY["slots"].check(body.get("slots", 1), "slots")
     cluster = body.get("cluster")
     if cluster is not None:
         try:

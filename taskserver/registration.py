@@ -25,6 +25,18 @@ MAX_TOKEN_LEN = 4096
 _TOKEN_RE = re.compile(rf"[\x21-\x7e]{{1,{MAX_TOKEN_LEN}}}")
 
 
+CLUSTER_NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
+"""A cluster label: 1 to 64 letters, digits, dots, underscores or hyphens. One rule for the
+gateway (registrations, targets, config) and the edge agents that carry the label."""
+
+
+def check_cluster_name(name: object) -> str:
+    """The name if it is a valid cluster label, else ValueError naming the value."""
+    if not isinstance(name, str) or not CLUSTER_NAME_RE.fullmatch(name):
+        raise ValueError(f"cluster: must be 1..64 characters of A-Z a-z 0-9 . _ -, got {name!r}")
+    return name
+
+
 def check_token(token: object) -> str:
     """The token if it can travel as a Bearer credential, else ValueError (not quoting it).
 

@@ -84,7 +84,7 @@ def test_token_comes_from_the_environment_when_no_file(tmp_path: Path) -> None:
     ("kw", "message"),
     [
         ({"id": "has space"}, "--id: must match"),
-        ({"cluster": ""}, "--cluster: must match"),
+        ({"cluster": ""}, "--cluster: must be 1..64 characters"),
         ({"port": 70000}, "--port: must be 0..65535, got 70000"),
         ({"gateway": "gw:8080"}, "--gateway: must be an http(s) URL"),
         ({"reader": "gpio"}, "--reader: must be one of simulated, iio, command, got 'gpio'"),
