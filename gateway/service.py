@@ -1,105 +1,48 @@
-"""The gateway's query path: plan, stamp deadlines, dispatch, gather.
+"""The gateway's wiring: one server registry, one query path, and what they share.
 
-This is the shell around the pure parts (CdfBook, DeadlineEstimator, the
-queue policies): it owns the server links, turns a validated request into
-k_f tasks with TailGuard deadlines, and turns their outcomes into an answer.
+`GatewayService` builds the CDF book, the deadline estimator, the admission gate and the
+metrics, and connects the server registry (`gateway.server_registry`: links, CDF rows,
+pool selection) to the query path (`gateway.query_path`: plan, dispatch, gather, answer)
+through the links' callbacks. The HTTP shell (`gateway.app`) and the readers
+(`gateway.view.GatewayView`: metrics, history, autoscaler, dashboard) see this object.
 
-Lifecycle: ``start`` makes it ready; ``drain`` stops admitting (new queries get 503
-``draining``) and waits for the queries in flight, each of which already ends by its SLO
-plus the grace, so a stopping gateway answers every query it took.
+Lifecycle: ``start`` registers the configured servers and makes it ready; ``drain`` stops
+admitting and waits for the queries in flight; ``stop`` closes every link.
 """
 
 from __future__ import annotations
 
-import asyncio
-import itertools
 import logging
 import random
 import socket
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from admission import AdmissionGate, QueryInfo
+from admission import AdmissionGate
 from gateway.autoscaling import AutoscalerLoop, make_actuator
 from gateway.cdf import CdfBook
-from gateway.config import GatewayConfig, PoolConfig, parse_address
-from gateway.deadlines import DeadlineEstimator, DeadlinePlan, SloUnreachable
-from gateway.errors import NotFound, SloUnreachableError, Unavailable
+from gateway.config import GatewayConfig
+from gateway.deadlines import DeadlineEstimator, DeadlinePlan
 from gateway.history import HistoryRecorder
-from gateway.links import LinkDown, ServerLink, TaskLink, TaskReport
-from gateway.metrics import GatewayMetrics, fanout_bucket
-from gateway.overload import admit
-from gateway.queries import (
-    CANCELLED,
-    DROPPED,
-    LOST,
-    OK,
-    REJECTED,
-    TIMEOUT,
-    PendingTask,
-    QueryOutcome,
-    QueryRun,
-    TaskOutcome,
-)
+from gateway.links import ServerLink, TaskLink
+from gateway.metrics import GatewayMetrics
+from gateway.query_path import DRAIN_MARGIN_S, DrainReport, QueryAnswer, QueryPath
 from gateway.requests import QueryRequest, RegisterRequest
+from gateway.server_registry import ServerRegistry
 from gateway.server_windows import ServerMissRatios
-from gateway.table_cdf import prior_of
 from gateway.targets import TargetPicker
-from taskserver.framecheck import WireLimits
-from taskserver.service_time import make_distribution
+
+__all__ = ["DRAIN_MARGIN_S", "DrainReport", "GatewayService", "QueryAnswer"]
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class QueryAnswer:
-    """How a query ended (`outcome`, see `gateway.queries.QueryOutcome`), its summary and
-    every task's outcome. The HTTP status and headers are the shell's choice (gateway.app).
-
-    The per-task part of the body is rendered on first access: the query is
-    decided (outcome, metrics, CDFs) without it, and only the HTTP shell pays
-    for decoding task results into the JSON answer.
-    """
-
-    outcome: QueryOutcome
-    summary: dict[str, Any]
-    outcomes: list[TaskOutcome]
-
-    @property
-    def body(self) -> dict[str, Any]:
-        """The JSON answer: the summary plus every task's outcome."""
-        return {**self.summary, "tasks": [o.to_json() for o in self.outcomes]}
-
-
-DRAIN_MARGIN_S = 0.5
-"""Beyond the drain bound: lets the queries' own SLO + grace timers fire first."""
-
-
-@dataclass(frozen=True, slots=True)
-class DrainReport:
-    """What a drain did: queries in flight at its start, those the bound cut, its duration."""
-
-    queries: int
-    cut: int
-    seconds: float
-
-
-def _cdf_group(pool: PoolConfig, cluster: str | None) -> str | None:
-    """The CDF row a server of the pool shares (None: a row of its own)."""
-    if pool.cdf == "shared":
-        return pool.name
-    if pool.cdf == "cluster" and cluster is not None:
-        return f"{pool.name}/{cluster}"
-    return None
-
-
 class GatewayService:
-    """Servers, CDFs and the fanout query path."""
+    """Servers, CDFs, admission and the fanout query path, wired together."""
 
     def __init__(
         self,
@@ -113,7 +56,6 @@ class GatewayService:
         """`link_factory` builds the link to a registering server with ServerLink's
         arguments (a fake in unit tests of the query path)."""
         self.config = config
-        self._link_factory = link_factory
         self.clock = clock
         self.rng = rng or random.Random()
         self.registry = registry or CollectorRegistry()
@@ -129,44 +71,60 @@ class GatewayService:
         self.gate = AdmissionGate(
             config.admission, config.classes, clock, seed=self.rng.getrandbits(64)
         )
-        self.autoscaler: AutoscalerLoop | None = None
         self.metrics.bind_window(
             lambda c: self.gate.window.ratio(self.clock(), c), [c.name for c in config.classes]
         )
-        self.links: dict[str, TaskLink] = {}
-        self.targets = TargetPicker(config, self.links, self.rng)
-        self.pool_members = self.targets.pool_members
-        self._pools = {p.name: p for p in config.pools}
-        self._priors: dict[str, Any] = {}
-        self._ids = itertools.count(1)
-        self._id_prefix = uuid.uuid4().hex[:8]
-        self.instance_id = f"{socket.gethostname()}-{self._id_prefix}"
+        id_prefix = uuid.uuid4().hex[:8]
+        self.instance_id = f"{socket.gethostname()}-{id_prefix}"
         """This replica's id: names it as the owner of the central-queueing servers it claims."""
-        self._wire_limits = WireLimits.for_frames_of(config.max_frame_bytes)
-        self._inflight: dict[str, QueryRun] = {}
+        self.servers = ServerRegistry(
+            config, self.book, self.metrics, clock, self.rng, self.instance_id, link_factory
+        )
+        self.query = QueryPath(
+            config, clock, self.servers, self.book, self.estimator, self.gate, self.metrics,
+            id_prefix,
+        )  # fmt: skip
+        self.servers.on_result = self.query.on_result
+        self.servers.on_failure = self.query.on_failure
+        self.servers.on_dequeue = self.query.on_dequeue
+        self.autoscaler: AutoscalerLoop | None = None
         self.started = False
         """start() is done: the gateway admits queries (GET /readyz)."""
-        self.draining = False
-        """Stopping: new queries get 503 `draining`; those in flight finish."""
-        self._active = 0
-        """Queries inside run_query (admission included)."""
-        self._idle = asyncio.Event()
-        """Set while no query is inside run_query (what drain waits for)."""
-        self._idle.set()
-        self._cut: set[str] = set()
-        """Queries the drain bound ended before their own deadline."""
         self.metrics.bind_servers(
             lambda: [(lk.pool, lk.display_state) for lk in self.links.values()]
         )
         self.metrics.bind_service(self)
         self.history = HistoryRecorder(self)
 
+    # -- what the registry and the query path hold ----------------------------------------
+
+    @property
+    def links(self) -> dict[str, TaskLink]:
+        """Every registered server's link, by id."""
+        return self.servers.links
+
+    @property
+    def targets(self) -> TargetPicker:
+        """The pools' target selection."""
+        return self.servers.targets
+
+    @property
+    def pool_members(self) -> dict[str, Any]:
+        """Servers in each pool's selection."""
+        return self.servers.targets.pool_members
+
     @property
     def server_windows(self) -> ServerMissRatios:
         """Windowed miss ratio per server and per pool (GatewayView)."""
         return self.metrics.server_windows
 
-    # -- servers ---------------------------------------------------------
+    @property
+    def draining(self) -> bool:
+        """Stopping: new queries get 503 `draining`; those in flight finish."""
+        return self.query.draining
+
+    # -- servers -----------------------------------------------------------------------
+
     async def start(self) -> None:
         """Register the servers named in the configuration and start the history sampler."""
         if self.config.token is None:
@@ -207,6 +165,7 @@ class GatewayService:
         )
         loop = AutoscalerLoop(self, cfg, actuator, self.clock)
         self.autoscaler = loop
+        self.query.autoscaler = loop
         start = cfg.min_replicas if initial is None else initial
         await loop.actuator.scale_to(min(max(start, cfg.min_replicas), cfg.max_replicas))
         loop.start()
@@ -217,434 +176,38 @@ class GatewayService:
         await self.history.stop()
         if self.autoscaler is not None:
             await self.autoscaler.stop()
-        for link in list(self.links.values()):
-            await link.close("gateway stopping")
-        self.links.clear()
-
-    def _prior(self, pool: PoolConfig) -> Any:
-        prior = self._priors.get(pool.name)
-        if prior is None:
-            # The offline profile (TailGuard §III.C.2): the service law plus wire overhead;
-            # a quantile table is primed as its exact model (tail included).
-            dist = make_distribution(pool.prior)
-            prior = prior_of(dist, shift_ms=pool.prior_overhead_ms, points=self.config.cdf_window)
-            self._priors[pool.name] = prior
-        return prior
+        await self.servers.close_all("gateway stopping")
 
     async def register(self, req: RegisterRequest) -> tuple[bool, dict[str, Any]]:
         """Add or refresh a server; returns (created, its view)."""
-        existing = self.links.get(req.id)
-        if existing is not None:
-            if (existing.address, existing.pool, existing.slots, existing.cluster) == (
-                req.address,
-                req.pool,
-                req.slots,
-                req.cluster,
-            ):
-                existing.registered_s = self.clock()  # a refresh is the server's heartbeat
-                return False, self.server_view(existing)
-            await self.deregister(req.id)
-        host, port = parse_address(req.address)
-        pool = self._pools[req.pool]
-        link = self._link_factory(
-            req.id,
-            host,
-            port,
-            pool=req.pool,
-            cluster=req.cluster,
-            slots=req.slots,
-            central=pool.queueing == "central",
-            policy=pool.policy,
-            on_result=self._on_result,
-            on_failure=self._on_failure,
-            clock=self.clock,
-            heartbeat_s=self.config.heartbeat_s,
-            heartbeat_timeout_s=self.config.heartbeat_timeout_s,
-            gateway_id=self.instance_id,
-            on_change=self._on_link_change,
-            on_dequeue=self._on_dequeue,
-            limits=self._wire_limits,
-            token=self.config.token,
-            on_violation=lambda lk, v: self.metrics.wire_violations.labels(
-                lk.server_id, v.reason
-            ).inc(),
-        )
-        self.book.add_server(req.id, self._prior(pool), group=_cdf_group(pool, req.cluster))
-        self.links[req.id] = link
-        self.targets.join(link)
-        link.start()
-        # A fresh registration is usually followed by queries: give the link a moment.
-        await link.wait_up(min(0.5, self.config.heartbeat_timeout_s))
-        log.info(
-            "server %s registered in pool %s%s at %s",
-            req.id,
-            req.pool,
-            f" (cluster {req.cluster})" if req.cluster else "",
-            req.address,
-        )
-        return True, self.server_view(link)
+        return await self.servers.register(req)
 
     async def deregister(self, server_id: str, drain_s: float = 0.0) -> dict[str, Any]:
-        """Remove a server; with drain_s, first let its outstanding tasks finish.
-
-        The server leaves the pool's selection at once; whatever is still outstanding
-        after drain_s fails (its queries answer 502 and their siblings are cancelled).
-        """
-        link = self.links.get(server_id)
-        if link is None:
-            raise NotFound(f"no server {server_id!r}", field="id")
-        link.draining = True
-        self.targets.leave(link)
-        if drain_s > 0:
-            await link.wait_idle(drain_s)
-        failed = len(link.outstanding)
-        if self.links.get(server_id) is link:
-            del self.links[server_id]
-            self.book.remove_server(server_id)
-        await link.close(f"server {server_id} deregistered")
-        if server_id not in self.links:  # not replaced by a new registration meanwhile
-            self.metrics.server_windows.forget(server_id, self.clock())
-        return {"id": server_id, "deleted": True, "drained": failed == 0, "failed_tasks": failed}
+        """Remove a server; with drain_s, first let its outstanding tasks finish."""
+        return await self.servers.deregister(server_id, drain_s)
 
     def server_view(self, link: TaskLink) -> dict[str, Any]:
         """A server as GET /v1/servers shows it."""
-        cdf = self.book.cdf_of(link.server_id) if self.book.has_server(link.server_id) else None
-        view: dict[str, Any] = {
-            "id": link.server_id,
-            "pool": link.pool,
-            "cluster": link.cluster,
-            "address": link.address,
-            "slots": link.slots,
-            "state": link.display_state,
-            "queueing": "central" if link.central else "server",
-            "outstanding": len(link.outstanding),
-            "tasks_sent": link.tasks_sent,
-            "results": link.results,
-            "rtt_ms": None if link.rtt_ms is None else round(link.rtt_ms, 4),
-            # What comes off each task's budgets for the way there (half the least recent RTT).
-            "dispatch_delay_ms": round(link.one_way_ms, 4),
-            "cdf_samples": self.book.samples_seen(link.server_id) if cdf is not None else 0,
-            "registered_ago_s": round(max(self.clock() - link.registered_s, 0.0), 3),
-        }
-        if link.queue is not None:
-            view["queued"] = len(link.queue)
-        if link.last_error:
-            view["last_error"] = link.last_error
-        if link.owner is not None:
-            view["owner"] = link.owner
-        if cdf is not None:
-            view["post_queue_ms"] = {
-                f"p{q:g}": round(cdf.quantile(q / 100.0), 4) for q in (50, 90, 99, 99.9)
-            }
-        return view
+        return self.servers.server_view(link)
 
-    # -- the query path ----------------------------------------------------
+    # -- queries -----------------------------------------------------------------------
+
     def resolve(self, req: QueryRequest) -> list[TaskLink]:
-        """The k_f target servers of a query (TailGuard §III.B: the handler picks them)."""
-        return self.targets.pick(req.targets)
+        """The k_f target servers of a query."""
+        return self.query.resolve(req)
 
     def plan(self, req: QueryRequest, links: list[TaskLink]) -> DeadlinePlan:
-        """x_p^u over exactly these servers and the task budget (TailGuard eq. (1)-(4))."""
-        try:
-            plan = self.estimator.plan([lk.server_id for lk in links], req.percentile, req.slo_ms)
-        except SloUnreachable as exc:
-            raise SloUnreachableError(
-                f"SLO {exc.slo_ms:g} ms is below the unloaded p{exc.percentile:g} latency "
-                f"{exc.unloaded_ms:.3f} ms for fanout {exc.fanout}",
-                field="slo.latency_ms" if req.class_name is None else "class",
-                extra={
-                    "slo_ms": exc.slo_ms,
-                    "unloaded_latency_ms": round(exc.unloaded_ms, 4),
-                    "percentile": exc.percentile,
-                    "fanout": exc.fanout,
-                },
-            ) from exc
-        self.metrics.unloaded_latency.labels(
-            req.class_name or "custom", fanout_bucket(len(links))
-        ).set(plan.unloaded_ms / 1000.0)
-        return plan
+        """x_p^u over exactly these servers and the task budget."""
+        return self.query.plan(req, links)
 
     async def run_query(self, req: QueryRequest, t0: float | None = None) -> QueryAnswer:
         """Fan a validated query out and answer it; never later than SLO + grace."""
-        if self.draining:
-            self.metrics.queries.labels(req.class_name or "custom", "rejected").inc()
-            raise Unavailable(
-                "the gateway is shutting down and admits no new query; send it to another replica",
-                code="draining",
-            )
-        self._active += 1
-        self._idle.clear()
-        try:
-            return await self._run_query(req, t0)
-        finally:
-            self._active -= 1
-            if not self._active:
-                self._idle.set()
+        return await self.query.run_query(req, t0)
 
-    async def _run_query(self, req: QueryRequest, t0: float | None) -> QueryAnswer:
-        t0 = self.clock() if t0 is None else t0
-        cls = req.class_name or "custom"
-        links = self.resolve(req)
-        plan = self.plan(req, links)
-        down = [lk for lk in links if not lk.is_up]
-        if down:
-            self.metrics.queries.labels(cls, "rejected").inc()
-            raise self._unreachable(down)
-        # Admission (TailGuard §III.D): may hold the query (DEFER) or refuse it (503).
-        try:
-            if not self.gate.clearly_admitted():
-                info = QueryInfo(cls, req.priority, len(links), req.slo_ms, plan.unloaded_ms)
-                await admit(self.gate, info, self._queue_pressure)
-        except Unavailable as exc:
-            self.metrics.queries.labels(cls, "rejected").inc()
-            self.metrics.admission_rejected(cls, str(exc.extra.get("reason", "")))
-            raise
-        qid = f"{self._id_prefix}-{next(self._ids)}"
-        run = QueryRun(qid, len(links), t0)
-        deadline_s = t0 + plan.budget_ms / 1000.0  # TailGuard eq. (4): t_D = t0 + T_b
-        slo_deadline_s = t0 + req.slo_ms / 1000.0
-        self._inflight[qid] = run
-        self.metrics.inflight.inc()
-        try:
-            for i, link in enumerate(links):
-                p = PendingTask(
-                    run,
-                    i,
-                    link.server_id,
-                    deadline_s,
-                    slo_deadline_s,
-                    req.priority,
-                    cls,
-                    req.payload,
-                )
-                try:
-                    link.dispatch(p)
-                except LinkDown as exc:
-                    run.complete(i, TaskOutcome(link.server_id, LOST, error=str(exc)), self.clock())
-                    break
-            run.t_sent = self.clock()
-            # Never later than SLO + grace: one timer per query resolves `done` if still open.
-            timeout_s = slo_deadline_s + self.config.grace_ms / 1000.0 - self.clock()
-            timer = asyncio.get_running_loop().call_later(max(timeout_s, 0.0), run.expire)
-            try:
-                await run.done
-            except asyncio.CancelledError:
-                self._abandon(run, links, "client went away")
-                raise
-            finally:
-                timer.cancel()
-            if run.expired or run.failed:
-                dropped = any(o is not None and o.status == DROPPED for o in run.outcomes)
-                reason = (
-                    "query timed out"
-                    if run.expired
-                    else "a sibling task was dropped"
-                    if dropped
-                    else "a sibling task failed"
-                )
-                if qid in self._cut:
-                    reason = "the gateway stopped before the query completed"
-                cancelled = self._abandon(run, links, reason)
-                if dropped and not run.expired:
-                    # PARD: no server keeps computing for a query that is already lost.
-                    for pool, n in cancelled.items():
-                        self.metrics.saved_tasks.labels(pool).inc(n)
-        finally:
-            self._inflight.pop(qid, None)
-            self.metrics.inflight.dec()
-        return self._answer(req, run, plan, links)
-
-    def _abandon(self, run: QueryRun, links: list[TaskLink], reason: str) -> dict[str, int]:
-        """Cancel every task of the query that has no outcome yet; how many, per pool."""
-        timed_out = run.expired and run.query_id not in self._cut
-        cancelled: dict[str, int] = {}
-        for i, link in enumerate(links):
-            if run.outcomes[i] is None:
-                link.cancel_query(run.query_id)
-                status = TIMEOUT if timed_out else CANCELLED
-                run.outcomes[i] = TaskOutcome(link.server_id, status, error=reason)
-                self.metrics.task_done(link.pool, status)
-                cancelled[link.pool] = cancelled.get(link.pool, 0) + 1
-        return cancelled
-
-    def _answer(
-        self, req: QueryRequest, run: QueryRun, plan: DeadlinePlan, links: list[TaskLink]
-    ) -> QueryAnswer:
-        now = self.clock()
-        latency_ms = (now - run.t0) * 1000.0
-        cls = req.class_name or "custom"
-        outcomes = [o for o in run.outcomes if o is not None]
-        statuses = {o.status for o in outcomes}
-        body: dict[str, Any] = {
-            "query_id": run.query_id,
-            "class": req.class_name,
-            "percentile": req.percentile,
-            "slo_ms": req.slo_ms,
-            "fanout": run.fanout,
-            "budget_ms": round(plan.budget_ms, 4),
-            "unloaded_latency_ms": round(plan.unloaded_ms, 4),
-            "estimate": plan.estimate,
-            "latency_ms": round(latency_ms, 4),
-            "met_slo": statuses == {OK} and latency_ms <= req.slo_ms,
-            # The gateway's own share of the latency: request to last task handed to the wire,
-            # and deciding outcome to answer (the rest is the wire and the servers).
-            "dispatch_ms": round((run.t_sent - run.t0) * 1000.0, 4),
-            "merge_ms": round((now - run.t_last) * 1000.0, 4) if not run.expired else 0.0,
-        }
-        if statuses == {OK}:
-            outcome = QueryOutcome.MET if body["met_slo"] else QueryOutcome.MISSED_SLO
-            self.gate.record_query(cls, latency_ms, req.slo_ms)
-            self.metrics.query_answered(cls, run.fanout, latency_ms)
-        else:
-            bad = [o for o in outcomes if o.status not in (OK, CANCELLED)]
-            first = bad[0] if bad else outcomes[0]
-            dropped = [o for o in outcomes if o.status == DROPPED]
-            if dropped:
-                # Dropped because it could not meet its deadline: like an overload rejection,
-                # retrying later may succeed.
-                outcome, code = QueryOutcome.DROPPED, "task_dropped"
-                message = f"task on server {dropped[0].server} dropped: {dropped[0].error}"
-                body["cancelled_siblings"] = sum(1 for o in outcomes if o.status == CANCELLED)
-            elif run.query_id in self._cut:
-                outcome, code = QueryOutcome.DRAINING, "draining"
-                message = "the gateway stopped before the query completed (drain bound reached)"
-            elif TIMEOUT in statuses:
-                outcome, code = QueryOutcome.TIMEOUT, "query_timeout"
-                message = (
-                    f"query not complete at SLO + grace "
-                    f"({req.slo_ms:g} + {self.config.grace_ms:g} ms)"
-                )
-            elif bad and all(o.status == REJECTED for o in bad):
-                outcome, code = QueryOutcome.REJECTED, "task_rejected"
-                message = f"server {first.server} rejected its task: {first.error}"
-            else:
-                outcome, code = QueryOutcome.FAILED, "task_failed"
-                message = f"task on server {first.server} {first.status}: {first.error}"
-            body["error"] = {"code": code, "message": message, "field": None}
-        self.metrics.queries.labels(cls, outcome.metric).inc()
-        return QueryAnswer(outcome, body, outcomes)
-
-    def _unreachable(self, down: list[TaskLink]) -> Unavailable:
-        """503 for targets that take no task now, naming the owner of a central pool."""
-        ids = [lk.server_id for lk in down]
-        owned = [lk for lk in down if lk.owned_elsewhere is not None]
-        if owned:
-            owners = sorted({str(lk.owned_elsewhere) for lk in owned})
-            pools = sorted({lk.pool for lk in owned})
-            return Unavailable(
-                f"pool {', '.join(pools)} is owned by gateway {', '.join(owners)}: with central "
-                "queueing one gateway at a time sends to its servers; use that gateway",
-                code="pool_owned_elsewhere",
-                extra={
-                    "owner": owners[0],
-                    "servers_owned_elsewhere": [lk.server_id for lk in owned],
-                },
-            )
-        return Unavailable(
-            f"{len(ids)} target server(s) are not reachable: {', '.join(ids[:10])}",
-            code="servers_down",
-            extra={"servers_down": ids},
-        )
-
-    # -- lifecycle -------------------------------------------------------------
     def drain_bound_s(self) -> float:
         """Longest a query already admitted may still run: the largest class SLO plus grace."""
-        return (max(c.latency_ms for c in self.config.classes) + self.config.grace_ms) / 1000.0
+        return self.query.drain_bound_s()
 
     async def drain(self, timeout_s: float | None = None) -> DrainReport:
-        """Admit nothing new; wait for the queries in flight, at most timeout_s.
-
-        Each query ends by itself at its SLO plus grace, so with class SLOs the default bound
-        (drain_bound_s) is never reached; a query with a longer custom SLO still running at
-        the bound is answered 503 `draining` and its tasks are cancelled.
-        """
-        self.draining = True
-        bound_s = self.drain_bound_s() + DRAIN_MARGIN_S if timeout_s is None else timeout_s
-        start = self.clock()
-        in_flight = self._active
-        log.info("draining: no new queries; %d in flight (bound %.1f s)", in_flight, bound_s)
-        if not await self._wait_idle(bound_s):
-            for qid, run in list(self._inflight.items()):
-                self._cut.add(qid)
-                run.expire()
-            await self._wait_idle(DRAIN_MARGIN_S)
-        return DrainReport(in_flight, len(self._cut), self.clock() - start)
-
-    async def _wait_idle(self, timeout_s: float) -> bool:
-        """Wait until no query is in run_query; False on timeout."""
-        if self._idle.is_set():
-            return True  # wait_for with a timeout <= 0 would not even start the wait
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout_s)
-        except TimeoutError:
-            return False
-        return True
-
-    def _on_link_change(self, link: TaskLink) -> None:
-        """A server began or ended draining: it leaves or rejoins its pool's selection."""
-        if self.links.get(link.server_id) is not link or link.draining:
-            return  # being deregistered: deregister() has taken it out already
-        member = link.server_id in self.targets.pool_members[link.pool]
-        if link.server_draining and member:
-            self.targets.leave(link)
-            log.info("server %s drains: out of pool %s's selection", link.server_id, link.pool)
-        elif not link.server_draining and not member:
-            self.targets.join(link)
-            log.info("server %s is back in pool %s", link.server_id, link.pool)
-
-    def _queue_pressure(self) -> float:
-        """Tasks waiting beyond the servers' slots, per slot (0: nothing queued)."""
-        # Read only when the admission rule declares it needs it (admission.Signal).
-        slots = sum(lk.slots for lk in self.links.values()) or 1
-        waiting = sum(max(len(lk.outstanding) - lk.slots, 0) for lk in self.links.values())
-        return waiting / slots
-
-    # -- link callbacks ------------------------------------------------------
-    def _on_result(self, link: TaskLink, p: PendingTask, r: TaskReport, now: float) -> None:
-        status = r.status.label
-        if link.central:
-            # The dequeue happened here, when the task was sent (TailGuard §III.C.2).
-            post_queue_ms = (now - p.sent_s) * 1000.0
-            queue_ms = p.gateway_queue_ms + r.queue_ms
-            missed = bool(p.missed_deadline)
-        else:
-            # No shared clock: split the round trip into server time and network time,
-            # and charge the server's post-dequeue part plus the return half.
-            rtt_ms = (now - p.sent_s) * 1000.0
-            net_ms = max(rtt_ms - r.server_ms, 0.0)
-            post_queue_ms = (r.server_ms - r.queue_ms) + net_ms / 2.0
-            queue_ms = r.queue_ms + net_ms / 2.0
-            missed = bool(r.missed_deadline)
-        self.metrics.task_done(link.pool, status)
-        if status == OK:
-            self.book.observe(link.server_id, post_queue_ms)
-            if not link.central:
-                # TailGuard §III.D: the miss flag comes back with the result (central
-                # queueing counted it at the dequeue, _on_dequeue).
-                self.gate.note_task(missed, p.class_name)
-            if self.autoscaler is not None:
-                self.autoscaler.record_task(missed, link.pool)
-            if missed:
-                self.metrics.deadline_missed(p.class_name, link.pool)
-            self.metrics.server_windows.task(link.server_id, link.pool, missed)
-        # Positional: this runs once per task (field order of TaskOutcome).
-        outcome = TaskOutcome(
-            link.server_id,
-            status,
-            queue_ms,
-            r.service_ms,
-            post_queue_ms,
-            r.server_ms,
-            missed,
-            r.result,
-            r.error,
-        )
-        p.run.complete(p.index, outcome, now)
-
-    def _on_dequeue(self, link: TaskLink, p: PendingTask) -> None:
-        """Central queueing: a task left this gateway's queue; its miss is known now."""
-        self.gate.note_task(bool(p.missed_deadline), p.class_name)
-
-    def _on_failure(self, link: TaskLink, p: PendingTask, status: str, reason: str) -> None:
-        self.metrics.task_done(link.pool, status)
-        p.run.complete(p.index, TaskOutcome(link.server_id, status, error=reason), self.clock())
+        """Admit nothing new; wait for the queries in flight, at most timeout_s."""
+        return await self.query.drain(timeout_s)

@@ -1,0 +1,419 @@
+"""The gateway's query path: plan, stamp deadlines, dispatch, gather, answer.
+
+The shell around the pure parts (CdfBook, DeadlineEstimator, the admission gate): it
+turns a validated request into k_f tasks with TailGuard deadlines on the links the
+server registry picks, and their outcomes into a `QueryAnswer` whose `QueryOutcome` the
+HTTP shell (gateway.app) maps to a status. It learns every task's fate through the link
+callbacks (`on_result`, `on_failure`, `on_dequeue`), which feed the CDF book, the
+admission gate, the autoscaler and the metrics.
+
+Lifecycle: ``drain`` stops admitting (new queries get 503 ``draining``) and waits for the
+queries in flight, each of which already ends by its SLO plus the grace, so a stopping
+gateway answers every query it took.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from admission import AdmissionGate, QueryInfo
+from gateway.cdf import CdfBook
+from gateway.config import GatewayConfig
+from gateway.deadlines import DeadlineEstimator, DeadlinePlan, SloUnreachable
+from gateway.errors import SloUnreachableError, Unavailable
+from gateway.links import LinkDown, TaskLink, TaskReport
+from gateway.metrics import GatewayMetrics, fanout_bucket
+from gateway.overload import admit
+from gateway.queries import (
+    CANCELLED,
+    DROPPED,
+    LOST,
+    OK,
+    REJECTED,
+    TIMEOUT,
+    PendingTask,
+    QueryOutcome,
+    QueryRun,
+    TaskOutcome,
+)
+from gateway.requests import QueryRequest
+from gateway.server_registry import ServerRegistry
+
+if TYPE_CHECKING:
+    from gateway.autoscaling import AutoscalerLoop
+
+__all__ = ["DRAIN_MARGIN_S", "DrainReport", "QueryAnswer", "QueryPath"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class QueryAnswer:
+    """How a query ended (`outcome`, see `gateway.queries.QueryOutcome`), its summary and
+    every task's outcome. The HTTP status and headers are the shell's choice (gateway.app).
+
+    The per-task part of the body is rendered on first access: the query is
+    decided (outcome, metrics, CDFs) without it, and only the HTTP shell pays
+    for decoding task results into the JSON answer.
+    """
+
+    outcome: QueryOutcome
+    summary: dict[str, Any]
+    outcomes: list[TaskOutcome]
+
+    @property
+    def body(self) -> dict[str, Any]:
+        """The JSON answer: the summary plus every task's outcome."""
+        return {**self.summary, "tasks": [o.to_json() for o in self.outcomes]}
+
+
+DRAIN_MARGIN_S = 0.5
+"""Beyond the drain bound: lets the queries' own SLO + grace timers fire first."""
+
+
+@dataclass(frozen=True, slots=True)
+class DrainReport:
+    """What a drain did: queries in flight at its start, those the bound cut, its duration."""
+
+    queries: int
+    cut: int
+    seconds: float
+
+
+class QueryPath:
+    """Fans queries out over the registry's servers and answers them."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        clock: Callable[[], float],
+        servers: ServerRegistry,
+        book: CdfBook,
+        estimator: DeadlineEstimator,
+        gate: AdmissionGate,
+        metrics: GatewayMetrics,
+        id_prefix: str,
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        self.links = servers.links
+        self.targets = servers.targets
+        self.book = book
+        self.estimator = estimator
+        self.gate = gate
+        self.metrics = metrics
+        self.autoscaler: AutoscalerLoop | None = None
+        """Told every task's miss (set when the gateway enables autoscaling)."""
+        self._ids = itertools.count(1)
+        self._id_prefix = id_prefix
+        self._inflight: dict[str, QueryRun] = {}
+        self.draining = False
+        """Stopping: new queries get 503 `draining`; those in flight finish."""
+        self._active = 0
+        """Queries inside run_query (admission included)."""
+        self._idle = asyncio.Event()
+        """Set while no query is inside run_query (what drain waits for)."""
+        self._idle.set()
+        self._cut: set[str] = set()
+        """Queries the drain bound ended before their own deadline."""
+
+    def resolve(self, req: QueryRequest) -> list[TaskLink]:
+        """The k_f target servers of a query (TailGuard §III.B: the handler picks them)."""
+        return self.targets.pick(req.targets)
+
+    def plan(self, req: QueryRequest, links: list[TaskLink]) -> DeadlinePlan:
+        """x_p^u over exactly these servers and the task budget (TailGuard eq. (1)-(4))."""
+        try:
+            plan = self.estimator.plan([lk.server_id for lk in links], req.percentile, req.slo_ms)
+        except SloUnreachable as exc:
+            raise SloUnreachableError(
+                f"SLO {exc.slo_ms:g} ms is below the unloaded p{exc.percentile:g} latency "
+                f"{exc.unloaded_ms:.3f} ms for fanout {exc.fanout}",
+                field="slo.latency_ms" if req.class_name is None else "class",
+                extra={
+                    "slo_ms": exc.slo_ms,
+                    "unloaded_latency_ms": round(exc.unloaded_ms, 4),
+                    "percentile": exc.percentile,
+                    "fanout": exc.fanout,
+                },
+            ) from exc
+        self.metrics.unloaded_latency.labels(
+            req.class_name or "custom", fanout_bucket(len(links))
+        ).set(plan.unloaded_ms / 1000.0)
+        return plan
+
+    async def run_query(self, req: QueryRequest, t0: float | None = None) -> QueryAnswer:
+        """Fan a validated query out and answer it; never later than SLO + grace."""
+        if self.draining:
+            self.metrics.queries.labels(req.class_name or "custom", "rejected").inc()
+            raise Unavailable(
+                "the gateway is shutting down and admits no new query; send it to another replica",
+                code="draining",
+            )
+        self._active += 1
+        self._idle.clear()
+        try:
+            return await self._run_query(req, t0)
+        finally:
+            self._active -= 1
+            if not self._active:
+                self._idle.set()
+
+    async def _run_query(self, req: QueryRequest, t0: float | None) -> QueryAnswer:
+        t0 = self.clock() if t0 is None else t0
+        cls = req.class_name or "custom"
+        links = self.resolve(req)
+        plan = self.plan(req, links)
+        down = [lk for lk in links if not lk.is_up]
+        if down:
+            self.metrics.queries.labels(cls, "rejected").inc()
+            raise self._unreachable(down)
+        # Admission (TailGuard §III.D): may hold the query (DEFER) or refuse it (503).
+        try:
+            if not self.gate.clearly_admitted():
+                info = QueryInfo(cls, req.priority, len(links), req.slo_ms, plan.unloaded_ms)
+                await admit(self.gate, info, self._queue_pressure)
+        except Unavailable as exc:
+            self.metrics.queries.labels(cls, "rejected").inc()
+            self.metrics.admission_rejected(cls, str(exc.extra.get("reason", "")))
+            raise
+        qid = f"{self._id_prefix}-{next(self._ids)}"
+        run = QueryRun(qid, len(links), t0)
+        deadline_s = t0 + plan.budget_ms / 1000.0  # TailGuard eq. (4): t_D = t0 + T_b
+        slo_deadline_s = t0 + req.slo_ms / 1000.0
+        self._inflight[qid] = run
+        self.metrics.inflight.inc()
+        try:
+            for i, link in enumerate(links):
+                p = PendingTask(
+                    run,
+                    i,
+                    link.server_id,
+                    deadline_s,
+                    slo_deadline_s,
+                    req.priority,
+                    cls,
+                    req.payload,
+                )
+                try:
+                    link.dispatch(p)
+                except LinkDown as exc:
+                    run.complete(i, TaskOutcome(link.server_id, LOST, error=str(exc)), self.clock())
+                    break
+            run.t_sent = self.clock()
+            # Never later than SLO + grace: one timer per query resolves `done` if still open.
+            timeout_s = slo_deadline_s + self.config.grace_ms / 1000.0 - self.clock()
+            timer = asyncio.get_running_loop().call_later(max(timeout_s, 0.0), run.expire)
+            try:
+                await run.done
+            except asyncio.CancelledError:
+                self._abandon(run, links, "client went away")
+                raise
+            finally:
+                timer.cancel()
+            if run.expired or run.failed:
+                dropped = any(o is not None and o.status == DROPPED for o in run.outcomes)
+                reason = (
+                    "query timed out"
+                    if run.expired
+                    else "a sibling task was dropped"
+                    if dropped
+                    else "a sibling task failed"
+                )
+                if qid in self._cut:
+                    reason = "the gateway stopped before the query completed"
+                cancelled = self._abandon(run, links, reason)
+                if dropped and not run.expired:
+                    # PARD: no server keeps computing for a query that is already lost.
+                    for pool, n in cancelled.items():
+                        self.metrics.saved_tasks.labels(pool).inc(n)
+        finally:
+            self._inflight.pop(qid, None)
+            self.metrics.inflight.dec()
+        return self._answer(req, run, plan, links)
+
+    def _abandon(self, run: QueryRun, links: list[TaskLink], reason: str) -> dict[str, int]:
+        """Cancel every task of the query that has no outcome yet; how many, per pool."""
+        timed_out = run.expired and run.query_id not in self._cut
+        cancelled: dict[str, int] = {}
+        for i, link in enumerate(links):
+            if run.outcomes[i] is None:
+                link.cancel_query(run.query_id)
+                status = TIMEOUT if timed_out else CANCELLED
+                run.outcomes[i] = TaskOutcome(link.server_id, status, error=reason)
+                self.metrics.task_done(link.pool, status)
+                cancelled[link.pool] = cancelled.get(link.pool, 0) + 1
+        return cancelled
+
+    def _answer(
+        self, req: QueryRequest, run: QueryRun, plan: DeadlinePlan, links: list[TaskLink]
+    ) -> QueryAnswer:
+        now = self.clock()
+        latency_ms = (now - run.t0) * 1000.0
+        cls = req.class_name or "custom"
+        outcomes = [o for o in run.outcomes if o is not None]
+        statuses = {o.status for o in outcomes}
+        body: dict[str, Any] = {
+            "query_id": run.query_id,
+            "class": req.class_name,
+            "percentile": req.percentile,
+            "slo_ms": req.slo_ms,
+            "fanout": run.fanout,
+            "budget_ms": round(plan.budget_ms, 4),
+            "unloaded_latency_ms": round(plan.unloaded_ms, 4),
+            "estimate": plan.estimate,
+            "latency_ms": round(latency_ms, 4),
+            "met_slo": statuses == {OK} and latency_ms <= req.slo_ms,
+            # The gateway's own share of the latency: request to last task handed to the wire,
+            # and deciding outcome to answer (the rest is the wire and the servers).
+            "dispatch_ms": round((run.t_sent - run.t0) * 1000.0, 4),
+            "merge_ms": round((now - run.t_last) * 1000.0, 4) if not run.expired else 0.0,
+        }
+        if statuses == {OK}:
+            outcome = QueryOutcome.MET if body["met_slo"] else QueryOutcome.MISSED_SLO
+            self.gate.record_query(cls, latency_ms, req.slo_ms)
+            self.metrics.query_answered(cls, run.fanout, latency_ms)
+        else:
+            bad = [o for o in outcomes if o.status not in (OK, CANCELLED)]
+            first = bad[0] if bad else outcomes[0]
+            dropped = [o for o in outcomes if o.status == DROPPED]
+            if dropped:
+                # Dropped because it could not meet its deadline: like an overload rejection,
+                # retrying later may succeed.
+                outcome, code = QueryOutcome.DROPPED, "task_dropped"
+                message = f"task on server {dropped[0].server} dropped: {dropped[0].error}"
+                body["cancelled_siblings"] = sum(1 for o in outcomes if o.status == CANCELLED)
+            elif run.query_id in self._cut:
+                outcome, code = QueryOutcome.DRAINING, "draining"
+                message = "the gateway stopped before the query completed (drain bound reached)"
+            elif TIMEOUT in statuses:
+                outcome, code = QueryOutcome.TIMEOUT, "query_timeout"
+                message = (
+                    f"query not complete at SLO + grace "
+                    f"({req.slo_ms:g} + {self.config.grace_ms:g} ms)"
+                )
+            elif bad and all(o.status == REJECTED for o in bad):
+                outcome, code = QueryOutcome.REJECTED, "task_rejected"
+                message = f"server {first.server} rejected its task: {first.error}"
+            else:
+                outcome, code = QueryOutcome.FAILED, "task_failed"
+                message = f"task on server {first.server} {first.status}: {first.error}"
+            body["error"] = {"code": code, "message": message, "field": None}
+        self.metrics.queries.labels(cls, outcome.metric).inc()
+        return QueryAnswer(outcome, body, outcomes)
+
+    def _unreachable(self, down: list[TaskLink]) -> Unavailable:
+        """503 for targets that take no task now, naming the owner of a central pool."""
+        ids = [lk.server_id for lk in down]
+        owned = [lk for lk in down if lk.owned_elsewhere is not None]
+        if owned:
+            owners = sorted({str(lk.owned_elsewhere) for lk in owned})
+            pools = sorted({lk.pool for lk in owned})
+            return Unavailable(
+                f"pool {', '.join(pools)} is owned by gateway {', '.join(owners)}: with central "
+                "queueing one gateway at a time sends to its servers; use that gateway",
+                code="pool_owned_elsewhere",
+                extra={
+                    "owner": owners[0],
+                    "servers_owned_elsewhere": [lk.server_id for lk in owned],
+                },
+            )
+        return Unavailable(
+            f"{len(ids)} target server(s) are not reachable: {', '.join(ids[:10])}",
+            code="servers_down",
+            extra={"servers_down": ids},
+        )
+
+    def drain_bound_s(self) -> float:
+        """Longest a query already admitted may still run: the largest class SLO plus grace."""
+        return (max(c.latency_ms for c in self.config.classes) + self.config.grace_ms) / 1000.0
+
+    async def drain(self, timeout_s: float | None = None) -> DrainReport:
+        """Admit nothing new; wait for the queries in flight, at most timeout_s.
+
+        Each query ends by itself at its SLO plus grace, so with class SLOs the default bound
+        (drain_bound_s) is never reached; a query with a longer custom SLO still running at
+        the bound is answered 503 `draining` and its tasks are cancelled.
+        """
+        self.draining = True
+        bound_s = self.drain_bound_s() + DRAIN_MARGIN_S if timeout_s is None else timeout_s
+        start = self.clock()
+        in_flight = self._active
+        log.info("draining: no new queries; %d in flight (bound %.1f s)", in_flight, bound_s)
+        if not await self._wait_idle(bound_s):
+            for qid, run in list(self._inflight.items()):
+                self._cut.add(qid)
+                run.expire()
+            await self._wait_idle(DRAIN_MARGIN_S)
+        return DrainReport(in_flight, len(self._cut), self.clock() - start)
+
+    async def _wait_idle(self, timeout_s: float) -> bool:
+        """Wait until no query is in run_query; False on timeout."""
+        if self._idle.is_set():
+            return True  # wait_for with a timeout <= 0 would not even start the wait
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    def _queue_pressure(self) -> float:
+        """Tasks waiting beyond the servers' slots, per slot (0: nothing queued)."""
+        # Read only when the admission rule declares it needs it (admission.Signal).
+        slots = sum(lk.slots for lk in self.links.values()) or 1
+        waiting = sum(max(len(lk.outstanding) - lk.slots, 0) for lk in self.links.values())
+        return waiting / slots
+
+    def on_result(self, link: TaskLink, p: PendingTask, r: TaskReport, now: float) -> None:
+        status = r.status.label
+        if link.central:
+            # The dequeue happened here, when the task was sent (TailGuard §III.C.2).
+            post_queue_ms = (now - p.sent_s) * 1000.0
+            queue_ms = p.gateway_queue_ms + r.queue_ms
+            missed = bool(p.missed_deadline)
+        else:
+            # No shared clock: split the round trip into server time and network time,
+            # and charge the server's post-dequeue part plus the return half.
+            rtt_ms = (now - p.sent_s) * 1000.0
+            net_ms = max(rtt_ms - r.server_ms, 0.0)
+            post_queue_ms = (r.server_ms - r.queue_ms) + net_ms / 2.0
+            queue_ms = r.queue_ms + net_ms / 2.0
+            missed = bool(r.missed_deadline)
+        self.metrics.task_done(link.pool, status)
+        if status == OK:
+            self.book.observe(link.server_id, post_queue_ms)
+            if not link.central:
+                # TailGuard §III.D: the miss flag comes back with the result (central
+                # queueing counted it at the dequeue, on_dequeue).
+                self.gate.note_task(missed, p.class_name)
+            if self.autoscaler is not None:
+                self.autoscaler.record_task(missed, link.pool)
+            if missed:
+                self.metrics.deadline_missed(p.class_name, link.pool)
+            self.metrics.server_windows.task(link.server_id, link.pool, missed)
+        # Positional: this runs once per task (field order of TaskOutcome).
+        outcome = TaskOutcome(
+            link.server_id,
+            status,
+            queue_ms,
+            r.service_ms,
+            post_queue_ms,
+            r.server_ms,
+            missed,
+            r.result,
+            r.error,
+        )
+        p.run.complete(p.index, outcome, now)
+
+    def on_dequeue(self, link: TaskLink, p: PendingTask) -> None:
+        """Central queueing: a task left this gateway's queue; its miss is known now."""
+        self.gate.note_task(bool(p.missed_deadline), p.class_name)
+
+    def on_failure(self, link: TaskLink, p: PendingTask, status: str, reason: str) -> None:
+        self.metrics.task_done(link.pool, status)
+        p.run.complete(p.index, TaskOutcome(link.server_id, status, error=reason), self.clock())

@@ -1,0 +1,209 @@
+"""The gateway's server registry: its links to the task servers, their CDF rows and the
+pools' selection.
+
+Servers register and deregister here (POST/DELETE /v1/servers, and the servers named in
+the configuration); each gets a `TaskLink` built by the link factory (`ServerLink` in
+service), a row in the CDF book primed from its pool's offline profile, and a place in
+its pool's target selection, which it leaves while it drains. The link reports every
+task's fate to the query path through the callbacks wired in by `GatewayService`.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable
+from typing import Any
+
+from gateway.cdf import CdfBook
+from gateway.config import GatewayConfig, PoolConfig, parse_address
+from gateway.errors import NotFound
+from gateway.links import DequeueCallback, FailureCallback, ResultCallback, TaskLink
+from gateway.metrics import GatewayMetrics
+from gateway.requests import RegisterRequest
+from gateway.table_cdf import prior_of
+from gateway.targets import TargetPicker
+from taskserver.framecheck import WireLimits
+from taskserver.service_time import make_distribution
+
+__all__ = ["ServerRegistry"]
+
+log = logging.getLogger(__name__)
+
+
+def _cdf_group(pool: PoolConfig, cluster: str | None) -> str | None:
+    """The CDF row a server of the pool shares (None: a row of its own)."""
+    if pool.cdf == "shared":
+        return pool.name
+    if pool.cdf == "cluster" and cluster is not None:
+        return f"{pool.name}/{cluster}"
+    return None
+
+
+def _unwired(*args: Any) -> None:
+    raise RuntimeError("ServerRegistry: link callbacks are not wired (GatewayService does it)")
+
+
+class ServerRegistry:
+    """The servers this gateway knows, by id, with their links and pool selection."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        book: CdfBook,
+        metrics: GatewayMetrics,
+        clock: Callable[[], float],
+        rng: random.Random,
+        instance_id: str,
+        link_factory: Callable[..., TaskLink],
+    ) -> None:
+        self.config = config
+        self.book = book
+        self.metrics = metrics
+        self.clock = clock
+        self.instance_id = instance_id
+        self._link_factory = link_factory
+        self.links: dict[str, TaskLink] = {}
+        self.targets = TargetPicker(config, self.links, rng)
+        self._pools = {p.name: p for p in config.pools}
+        self._priors: dict[str, Any] = {}
+        self._wire_limits = WireLimits.for_frames_of(config.max_frame_bytes)
+        self.on_result: ResultCallback = _unwired
+        """Told each task's result (the query path's, wired by GatewayService)."""
+        self.on_failure: FailureCallback = _unwired
+        self.on_dequeue: DequeueCallback = _unwired
+
+    def _prior(self, pool: PoolConfig) -> Any:
+        prior = self._priors.get(pool.name)
+        if prior is None:
+            # The offline profile (TailGuard §III.C.2): the service law plus wire overhead;
+            # a quantile table is primed as its exact model (tail included).
+            dist = make_distribution(pool.prior)
+            prior = prior_of(dist, shift_ms=pool.prior_overhead_ms, points=self.config.cdf_window)
+            self._priors[pool.name] = prior
+        return prior
+
+    async def register(self, req: RegisterRequest) -> tuple[bool, dict[str, Any]]:
+        """Add or refresh a server; returns (created, its view)."""
+        existing = self.links.get(req.id)
+        if existing is not None:
+            if (existing.address, existing.pool, existing.slots, existing.cluster) == (
+                req.address,
+                req.pool,
+                req.slots,
+                req.cluster,
+            ):
+                existing.registered_s = self.clock()  # a refresh is the server's heartbeat
+                return False, self.server_view(existing)
+            await self.deregister(req.id)
+        host, port = parse_address(req.address)
+        pool = self._pools[req.pool]
+        link = self._link_factory(
+            req.id,
+            host,
+            port,
+            pool=req.pool,
+            cluster=req.cluster,
+            slots=req.slots,
+            central=pool.queueing == "central",
+            policy=pool.policy,
+            on_result=self.on_result,
+            on_failure=self.on_failure,
+            clock=self.clock,
+            heartbeat_s=self.config.heartbeat_s,
+            heartbeat_timeout_s=self.config.heartbeat_timeout_s,
+            gateway_id=self.instance_id,
+            on_change=self.on_link_change,
+            on_dequeue=self.on_dequeue,
+            limits=self._wire_limits,
+            token=self.config.token,
+            on_violation=lambda lk, v: self.metrics.wire_violations.labels(
+                lk.server_id, v.reason
+            ).inc(),
+        )
+        self.book.add_server(req.id, self._prior(pool), group=_cdf_group(pool, req.cluster))
+        self.links[req.id] = link
+        self.targets.join(link)
+        link.start()
+        # A fresh registration is usually followed by queries: give the link a moment.
+        await link.wait_up(min(0.5, self.config.heartbeat_timeout_s))
+        log.info(
+            "server %s registered in pool %s%s at %s",
+            req.id,
+            req.pool,
+            f" (cluster {req.cluster})" if req.cluster else "",
+            req.address,
+        )
+        return True, self.server_view(link)
+
+    async def deregister(self, server_id: str, drain_s: float = 0.0) -> dict[str, Any]:
+        """Remove a server; with drain_s, first let its outstanding tasks finish.
+
+        The server leaves the pool's selection at once; whatever is still outstanding
+        after drain_s fails (its queries answer 502 and their siblings are cancelled).
+        """
+        link = self.links.get(server_id)
+        if link is None:
+            raise NotFound(f"no server {server_id!r}", field="id")
+        link.draining = True
+        self.targets.leave(link)
+        if drain_s > 0:
+            await link.wait_idle(drain_s)
+        failed = len(link.outstanding)
+        if self.links.get(server_id) is link:
+            del self.links[server_id]
+            self.book.remove_server(server_id)
+        await link.close(f"server {server_id} deregistered")
+        if server_id not in self.links:  # not replaced by a new registration meanwhile
+            self.metrics.server_windows.forget(server_id, self.clock())
+        return {"id": server_id, "deleted": True, "drained": failed == 0, "failed_tasks": failed}
+
+    def server_view(self, link: TaskLink) -> dict[str, Any]:
+        """A server as GET /v1/servers shows it."""
+        cdf = self.book.cdf_of(link.server_id) if self.book.has_server(link.server_id) else None
+        view: dict[str, Any] = {
+            "id": link.server_id,
+            "pool": link.pool,
+            "cluster": link.cluster,
+            "address": link.address,
+            "slots": link.slots,
+            "state": link.display_state,
+            "queueing": "central" if link.central else "server",
+            "outstanding": len(link.outstanding),
+            "tasks_sent": link.tasks_sent,
+            "results": link.results,
+            "rtt_ms": None if link.rtt_ms is None else round(link.rtt_ms, 4),
+            # What comes off each task's budgets for the way there (half the least recent RTT).
+            "dispatch_delay_ms": round(link.one_way_ms, 4),
+            "cdf_samples": self.book.samples_seen(link.server_id) if cdf is not None else 0,
+            "registered_ago_s": round(max(self.clock() - link.registered_s, 0.0), 3),
+        }
+        if link.queue is not None:
+            view["queued"] = len(link.queue)
+        if link.last_error:
+            view["last_error"] = link.last_error
+        if link.owner is not None:
+            view["owner"] = link.owner
+        if cdf is not None:
+            view["post_queue_ms"] = {
+                f"p{q:g}": round(cdf.quantile(q / 100.0), 4) for q in (50, 90, 99, 99.9)
+            }
+        return view
+
+    def on_link_change(self, link: TaskLink) -> None:
+        """A server began or ended draining: it leaves or rejoins its pool's selection."""
+        if self.links.get(link.server_id) is not link or link.draining:
+            return  # being deregistered: deregister() has taken it out already
+        member = link.server_id in self.targets.pool_members[link.pool]
+        if link.server_draining and member:
+            self.targets.leave(link)
+            log.info("server %s drains: out of pool %s's selection", link.server_id, link.pool)
+        elif not link.server_draining and not member:
+            self.targets.join(link)
+            log.info("server %s is back in pool %s", link.server_id, link.pool)
+
+    async def close_all(self, reason: str) -> None:
+        """Close every link; the tasks they hold fail at once."""
+        for link in list(self.links.values()):
+            await link.close(reason)
+        self.links.clear()
