@@ -4,8 +4,10 @@ Run ``python -m tests.import_graph`` from the repository root for a report; the
 architecture tests (`tests/unit/test_architecture.py`) assert on the same graph.
 
 Imports are read with `ast`, not by importing: every ``import x`` / ``from x import y``
-anywhere in a module counts, also inside functions (a deferred import is still a
-dependency; it only hides a cycle from the interpreter).
+anywhere in a module counts, also inside functions and under TYPE_CHECKING (a deferred or
+type-only import is still a dependency; it only hides a cycle from the interpreter). Only
+a module's ``if __name__ == "__main__":`` block is left out: it runs when the module is
+executed as a script, never when another module imports it.
 """
 
 from __future__ import annotations
@@ -60,7 +62,9 @@ def imports(root: Path = ROOT) -> dict[str, set[str]]:
     for mod, path in known.items():
         is_pkg = path.name == "__init__.py"
         deps: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        tree = ast.parse(path.read_text(), str(path))
+        tree.body = [n for n in tree.body if not _is_main_guard(n)]
+        for node in ast.walk(tree):
             targets: list[str] = []
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
@@ -77,6 +81,20 @@ def imports(root: Path = ROOT) -> dict[str, set[str]]:
                     deps.add(hit)
         graph[mod] = deps
     return graph
+
+
+def _is_main_guard(node: ast.stmt) -> bool:
+    """``if __name__ == "__main__":`` at module level."""
+    if not isinstance(node, ast.If) or not isinstance(node.test, ast.Compare):
+        return False
+    t = node.test
+    return (
+        isinstance(t.left, ast.Name)
+        and t.left.id == "__name__"
+        and len(t.comparators) == 1
+        and isinstance(t.comparators[0], ast.Constant)
+        and t.comparators[0].value == "__main__"
+    )
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
