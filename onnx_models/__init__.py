@@ -36,7 +36,7 @@ from onnx_models.profile import (
 )
 from onnx_models.spec import (
     DEFAULT_BATCH_SIZES,
-    ModuleSpec,
+    ModuleConfig,
     PipelineSpec,
     load_pipeline,
     pipeline_path,
@@ -49,8 +49,8 @@ __all__ = [
     "BatchTiming",
     "ExportError",
     "ModelCard",
+    "ModuleConfig",
     "ModuleProfile",
-    "ModuleSpec",
     "OnnxModelsError",
     "PipelineSpec",
     "PipelineSpecError",

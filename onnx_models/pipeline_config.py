@@ -12,7 +12,7 @@ from pathlib import Path
 
 from onnx_models.profile import default_profile_path, load_profile
 from onnx_models.spec import load_pipeline, pipeline_path
-from taskserver.pipeline import ModuleConfig, PipelineConfig
+from taskserver.pipeline import PipelineConfig
 
 __all__ = ["pipeline_config"]
 
@@ -35,22 +35,10 @@ def pipeline_config(
     """
     s = load_pipeline(pipeline_path(spec))
     prof = load_profile(profile if profile is not None else default_profile_path(s), s)
-    modules = tuple(
-        ModuleConfig(
-            id=str(m.id),
-            name=m.name,
-            model=m.model,
-            pres=tuple(str(p) for p in m.pres),
-            subs=tuple(str(x) for x in m.subs),
-            batch_sizes=m.batch_sizes,
-            input_shape=m.input_shape,
-        )
-        for m in s.modules
-    )
     return PipelineConfig(
         name=s.name,
         slo_ms=s.slo_ms,
-        modules=modules,
+        modules=s.modules,  # the spec's modules are already the task server's schema
         profile=prof,
         dropper=dropper,
         providers=providers,

@@ -36,7 +36,8 @@ from typing import Any, Literal
 import numpy as np
 
 from onnx_models.errors import ProfileError
-from onnx_models.spec import ModuleSpec, PipelineSpec
+from onnx_models.spec import PipelineSpec
+from taskserver.pipeline.config import ModuleConfig
 
 __all__ = [
     "FORMAT",
@@ -178,8 +179,8 @@ class Profile:
             raise ProfileError(f"profile is of pipeline {self.pipeline!r}, not {spec.name!r}")
         for m in spec.modules:
             try:
-                got = self._by_id[m.id]
-            except KeyError:
+                got = self._by_id[int(m.id)]  # a profile file keeps the spec's integer ids
+            except (KeyError, ValueError):
                 raise ProfileError(f"{m.label}: not in the profile; profile it again") from None
             if got.name != m.name:
                 raise ProfileError(f"{m.label}: the profile has {got.name!r} under this id")
@@ -309,7 +310,7 @@ def profile_pipeline(
     options.log_severity_level = 3  # errors only: the provider actually used is recorded
     rng = np.random.default_rng(seed)
     used: set[str] = set()
-    shapes: dict[int, tuple[int, ...]] = {}
+    shapes: dict[str, tuple[int, ...]] = {}
     cells: list[_Cell] = []
     for m in spec.modules:
         try:
@@ -345,7 +346,7 @@ def profile_pipeline(
     for m in spec.modules:
         modules.append(
             ModuleProfile(
-                id=m.id,
+                id=int(m.id),  # the file keeps the spec's integer ids
                 name=m.name,
                 model=m.model.name,
                 model_sha256=_sha256(m.model),
@@ -376,7 +377,7 @@ def profile_pipeline(
 class _Cell:
     """One module at one batch size: its session, its input and its timed samples (ms)."""
 
-    def __init__(self, module: ModuleSpec, batch: int, session: Any, feed: dict) -> None:
+    def __init__(self, module: ModuleConfig, batch: int, session: Any, feed: dict) -> None:
         self.module, self.batch, self.session, self.feed = module, batch, session, feed
         self.samples: list[float] = []
 
@@ -403,7 +404,7 @@ class _Cell:
         )
 
 
-def _input_of(session: Any, m: ModuleSpec) -> tuple[tuple[int, ...], Any, str]:
+def _input_of(session: Any, m: ModuleConfig) -> tuple[tuple[int, ...], Any, str]:
     """The input's shape without the batch axis, its numpy dtype and its name."""
     inputs = session.get_inputs()
     if len(inputs) != 1:

@@ -31,18 +31,24 @@ from __future__ import annotations
 import json
 import math
 import tomllib
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 from onnx_models.errors import PipelineSpecError
+from taskserver.pipeline.config import (
+    DEFAULT_BATCH_SIZES,
+    ModuleConfig,
+    ModuleGraph,
+    check_module_graph,
+)
+from taskserver.pipeline.errors import PipelineConfigError
 
 __all__ = [
     "DEFAULT_BATCH_SIZES",
     "PIPELINES_DIR",
-    "ModuleSpec",
+    "ModuleConfig",
     "PipelineSpec",
     "PipelineSpecError",
     "load_pipeline",
@@ -52,101 +58,28 @@ __all__ = [
 ]
 
 PIPELINES_DIR = Path(__file__).resolve().parent / "pipelines"
-DEFAULT_BATCH_SIZES: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
 
 _PIPELINE_KEYS = {"name", "slo_ms", "modules", "description"}
 _MODULE_KEYS = {"name", "id", "model", "pres", "subs", "batch_sizes", "input_shape", "description"}
 
 
 @dataclass(frozen=True)
-class ModuleSpec:
-    """One module of a pipeline: a model and its place in the DAG."""
+class PipelineSpec(ModuleGraph):
+    """A validated pipeline: modules forming a DAG with one source.
 
-    name: str
-    """Module name, unique in its pipeline (e.g. ``face_recognition``)."""
-    id: int
-    """Module id, unique in its pipeline; ``pres``/``subs`` refer to it."""
-    model: Path
-    """The ``.onnx`` file, resolved to an absolute path."""
-    pres: tuple[int, ...] = ()
-    """Ids of the upstream modules whose outputs this one waits for (merged)."""
-    subs: tuple[int, ...] = ()
-    """Ids of the downstream modules this one forwards to (split)."""
-    batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES
-    """Feasible batch sizes, ascending."""
-    input_shape: tuple[int, ...] | None = None
-    """Input shape without the batch axis; None: read it from the model."""
-
-    @property
-    def label(self) -> str:
-        """``name (id N)``, for messages."""
-        return f"{self.name} (id {self.id})"
-
-
-@dataclass(frozen=True)
-class PipelineSpec:
-    """A validated pipeline: modules forming a DAG with one source."""
+    Its modules are `ModuleConfig`s, the one module schema the task server runs
+    (ids are the spec's integers as decimal strings); the graph queries (`source`, `sinks`,
+    `topological_order`, `paths`, `downstream`, `module`) come from `ModuleGraph`.
+    """
 
     name: str
     """Pipeline name (e.g. ``traffic``)."""
     slo_ms: float
     """End-to-end latency objective of one request, in ms."""
-    modules: tuple[ModuleSpec, ...]
+    modules: tuple[ModuleConfig, ...]
     """Modules in file order."""
     path: Path | None = None
     """The spec file it was read from, if any."""
-    _by_id: Mapping[int, ModuleSpec] = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "_by_id", {m.id: m for m in self.modules})
-
-    def module(self, module_id: int) -> ModuleSpec:
-        """The module with this id (KeyError if none)."""
-        try:
-            return self._by_id[module_id]
-        except KeyError:
-            raise KeyError(f"pipeline {self.name!r} has no module with id {module_id}") from None
-
-    @property
-    def source(self) -> ModuleSpec:
-        """The module every request enters at."""
-        return next(m for m in self.modules if not m.pres)
-
-    @property
-    def sinks(self) -> tuple[ModuleSpec, ...]:
-        """Modules without downstream modules, in file order."""
-        return tuple(m for m in self.modules if not m.subs)
-
-    def topological_order(self) -> tuple[ModuleSpec, ...]:
-        """Every module after all of its upstream modules (ties in file order)."""
-        return _topological_order(self.modules)
-
-    def paths(self, from_id: int | None = None) -> tuple[tuple[int, ...], ...]:
-        """Every path of module ids from `from_id` (default: the source) to a sink.
-
-        PARD takes the maximum of the latency estimates over these paths (§4.2, §5.1).
-        """
-        start = self.source.id if from_id is None else self.module(from_id).id
-        out: list[tuple[int, ...]] = []
-        stack: list[tuple[int, ...]] = [(start,)]
-        while stack:
-            path = stack.pop()
-            subs = self._by_id[path[-1]].subs
-            if not subs:
-                out.append(path)
-            stack.extend((*path, s) for s in reversed(subs))
-        return tuple(out)
-
-    def downstream(self, module_id: int) -> tuple[ModuleSpec, ...]:
-        """Every module after `module_id` on some path, in topological order (not itself)."""
-        seen: set[int] = set()
-        todo = list(self.module(module_id).subs)
-        while todo:
-            mid = todo.pop()
-            if mid not in seen:
-                seen.add(mid)
-                todo.extend(self._by_id[mid].subs)
-        return tuple(m for m in self.topological_order() if m.id in seen)
 
 
 def shipped_pipelines() -> tuple[str, ...]:
@@ -241,7 +174,7 @@ def _int_list(
     return tuple(value)
 
 
-def _parse_module(err: _Errors, raw: Any, index: str, base_dir: Path) -> ModuleSpec:
+def _parse_module(err: _Errors, raw: Any, index: str, base_dir: Path) -> ModuleConfig:
     if not isinstance(raw, dict):
         raise err(f"{index}: a module must be an object, got {type(raw).__name__}")
     mid = raw.get("id")
@@ -268,94 +201,22 @@ def _parse_module(err: _Errors, raw: Any, index: str, base_dir: Path) -> ModuleS
         input_shape = _int_list(err, raw, "input_shape", where, unique=False)
         if not input_shape or any(d < 1 for d in input_shape):
             raise err(f"{where}input_shape: must be positive sizes, got {list(input_shape)}")
-    return ModuleSpec(
-        name=name,
-        id=mid,
-        model=model,
-        pres=pres,
-        subs=subs,
-        batch_sizes=batch_sizes,
-        input_shape=input_shape,
-    )
+    try:
+        return ModuleConfig(
+            id=str(mid),
+            name=name,
+            model=model,
+            pres=tuple(str(p) for p in pres),
+            subs=tuple(str(x) for x in subs),
+            batch_sizes=batch_sizes,
+            input_shape=input_shape,
+        )
+    except PipelineConfigError as exc:
+        raise err(f"{where}{exc}") from exc
 
 
-def _check_graph(err: _Errors, modules: tuple[ModuleSpec, ...]) -> None:
-    by_id: dict[int, ModuleSpec] = {}
-    names: dict[str, ModuleSpec] = {}
-    for m in modules:
-        if m.id in by_id:
-            raise err(f"module {m.name!r}: id: {m.id} is already used by {by_id[m.id].label}")
-        if m.name in names:
-            raise err(f"module {m.label}: name: already used by {names[m.name].label}")
-        by_id[m.id] = m
-        names[m.name] = m
-    for m in modules:
-        for key, ids in (("pres", m.pres), ("subs", m.subs)):
-            for other in ids:
-                if other == m.id:
-                    raise err(f"module {m.label}: {key}: lists the module itself")
-                if other not in by_id:
-                    raise err(f"module {m.label}: {key}: no module has id {other}")
-        for sub in m.subs:
-            if m.id not in by_id[sub].pres:
-                raise err(
-                    f"module {by_id[sub].label}: pres: must list {m.id}, "
-                    f"since {m.label} lists {sub} in its subs"
-                )
-        for pre in m.pres:
-            if m.id not in by_id[pre].subs:
-                raise err(
-                    f"module {by_id[pre].label}: subs: must list {m.id}, "
-                    f"since {m.label} lists {pre} in its pres"
-                )
-    sources = [m for m in modules if not m.pres]
-    if len(sources) != 1:
-        found = ", ".join(m.label for m in sources) or "none"
-        raise err(f"pres: exactly one module must have empty pres (the source); found {found}")
-    reached = {sources[0].id}
-    todo = [sources[0].id]
-    while todo:
-        for sub in by_id[todo.pop()].subs:
-            if sub not in reached:
-                reached.add(sub)
-                todo.append(sub)
-    for m in modules:
-        if m.id not in reached:
-            raise err(f"module {m.label}: pres: not reachable from the source {sources[0].label}")
-    ordered = _topological_order(modules)
-    if len(ordered) != len(modules):
-        loop = _cycle([m for m in modules if m not in ordered], by_id)
-        names = " -> ".join(by_id[i].name for i in loop)
-        raise err(f"module {by_id[loop[0]].label}: subs: is on a cycle ({names})")
-
-
-def _topological_order(modules: tuple[ModuleSpec, ...]) -> tuple[ModuleSpec, ...]:
-    """Kahn's algorithm, stable in file order; modules on a cycle are left out."""
-    waiting = {m.id: len(m.pres) for m in modules}
-    by_id = {m.id: m for m in modules}
-    order: list[ModuleSpec] = []
-    ready = [m for m in modules if not m.pres]
-    while ready:
-        m = ready.pop(0)
-        order.append(m)
-        for sub in m.subs:
-            waiting[sub] -= 1
-            if waiting[sub] == 0:
-                ready.append(by_id[sub])
-    return tuple(order)
-
-
-def _cycle(stuck: list[ModuleSpec], by_id: dict[int, ModuleSpec]) -> list[int]:
-    """One cycle among the modules Kahn's algorithm left out, as ids [a, b, ..., a].
-
-    Each of them has an upstream module that was left out too, so walking upstream
-    inside that set must come back to a module already seen.
-    """
-    stuck_ids = {m.id for m in stuck}
-    walk = [stuck[0].id]
-    while True:
-        pre = next(p for p in by_id[walk[-1]].pres if p in stuck_ids)
-        if pre in walk:
-            upstream = [*walk[walk.index(pre) :], pre]
-            return upstream[::-1]
-        walk.append(pre)
+def _check_graph(err: _Errors, modules: tuple[ModuleConfig, ...]) -> None:
+    try:
+        check_module_graph(modules)
+    except PipelineConfigError as exc:
+        raise err(str(exc)) from exc

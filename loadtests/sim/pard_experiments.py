@@ -64,7 +64,7 @@ def load_model(spec_path: Path, profile_path: Path) -> PipelineModel:
     except OnnxModelsError as exc:
         raise ValueError(f"profile {profile_path}: {exc}") from exc
     ids = {(m.id, m.name) for m in spec.modules}
-    if profile.pipeline != spec.name or {(m.id, m.name) for m in profile.modules} != ids:
+    if profile.pipeline != spec.name or {(str(m.id), m.name) for m in profile.modules} != ids:
         raise ValueError(f"profile {profile_path} is not of pipeline {spec.name!r}: profile again")
     return PipelineModel.from_spec(spec, profile)
 

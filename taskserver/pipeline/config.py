@@ -1,5 +1,9 @@
 """Typed configuration of one inference pipeline: modules, profile, dropping policy, knobs.
 
+`ModuleConfig` and the graph rules (`check_module_graph`, `ModuleGraph`) are the one schema
+of a pipeline's modules: `onnx_models.spec` reads spec files into them, and a task server
+runs a `PipelineConfig` made of them.
+
 Plain data on purpose: the task server imports nothing else of ours, so whoever reads a
 pipeline spec file builds a `PipelineConfig` from it. Every field has a one-line doc and a
 default where one makes sense; a bad value raises PipelineConfigError naming the field.
@@ -9,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
@@ -24,9 +28,12 @@ __all__ = [
     "DEFAULT_BATCH_SIZES",
     "PROVIDER_CHOICES",
     "ModuleConfig",
+    "ModuleGraph",
     "PardKnobs",
     "PipelineConfig",
     "TableProfile",
+    "check_module_graph",
+    "topological_order",
 ]
 
 DEFAULT_BATCH_SIZES: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
@@ -154,6 +161,170 @@ class ModuleConfig:
         return f"{self.name} (id {self.id})"
 
 
+def check_module_graph(modules: Sequence[ModuleConfig]) -> None:
+    """The rules a pipeline's modules obey, stated once for spec files and configs alike:
+    unique ids and names, ``pres`` and ``subs`` that agree (a in b.subs ⇔ b in a.pres),
+    exactly one source, every module reachable from it, no cycle. PipelineConfigError names
+    the module and the field."""
+    by_id: dict[str, ModuleConfig] = {}
+    names: dict[str, ModuleConfig] = {}
+    for m in modules:
+        if m.id in by_id:
+            raise PipelineConfigError(
+                f"module {m.name!r}: id: {m.id} is already used by {by_id[m.id].label}"
+            )
+        if m.name in names:
+            raise PipelineConfigError(
+                f"module {m.label}: name: already used by {names[m.name].label}"
+            )
+        by_id[m.id] = m
+        names[m.name] = m
+    for m in modules:
+        for key, ids in (("pres", m.pres), ("subs", m.subs)):
+            if len(set(ids)) != len(ids):
+                raise PipelineConfigError(f"module {m.label}: {key}: has duplicates: {list(ids)}")
+            for other in ids:
+                if other == m.id:
+                    raise PipelineConfigError(f"module {m.label}: {key}: lists the module itself")
+                if other not in by_id:
+                    raise PipelineConfigError(f"module {m.label}: {key}: no module has id {other}")
+        for sub in m.subs:
+            if m.id not in by_id[sub].pres:
+                raise PipelineConfigError(
+                    f"module {by_id[sub].label}: pres: must list {m.id}, "
+                    f"since {m.label} lists {sub} in its subs"
+                )
+        for pre in m.pres:
+            if m.id not in by_id[pre].subs:
+                raise PipelineConfigError(
+                    f"module {by_id[pre].label}: subs: must list {m.id}, "
+                    f"since {m.label} lists {pre} in its pres"
+                )
+    sources = [m for m in modules if not m.pres]
+    if len(sources) != 1:
+        found = ", ".join(m.label for m in sources) or "none"
+        raise PipelineConfigError(
+            f"pres: exactly one module must have empty pres (the source); found {found}"
+        )
+    reached = {sources[0].id}
+    todo = [sources[0].id]
+    while todo:
+        for sub in by_id[todo.pop()].subs:
+            if sub not in reached:
+                reached.add(sub)
+                todo.append(sub)
+    for m in modules:
+        if m.id not in reached:
+            raise PipelineConfigError(
+                f"module {m.label}: pres: not reachable from the source {sources[0].label}"
+            )
+    ordered = topological_order(modules)
+    if len(ordered) != len(modules):
+        loop = _cycle([m for m in modules if m not in ordered], by_id)
+        names_on = " -> ".join(by_id[i].name for i in loop)
+        raise PipelineConfigError(
+            f"module {by_id[loop[0]].label}: subs: is on a cycle ({names_on})"
+        )
+
+
+def topological_order(modules: Sequence[ModuleConfig]) -> tuple[ModuleConfig, ...]:
+    """Kahn's algorithm, stable in the given order; modules on a cycle are left out."""
+    waiting = {m.id: len(m.pres) for m in modules}
+    by_id = {m.id: m for m in modules}
+    order: list[ModuleConfig] = []
+    ready = [m for m in modules if not m.pres]
+    while ready:
+        m = ready.pop(0)
+        order.append(m)
+        for sub in m.subs:
+            waiting[sub] -= 1
+            if waiting[sub] == 0:
+                ready.append(by_id[sub])
+    return tuple(order)
+
+
+def _cycle(stuck: list[ModuleConfig], by_id: Mapping[str, ModuleConfig]) -> list[str]:
+    """One cycle among the modules Kahn's algorithm left out, as ids [a, b, ..., a].
+
+    Each of them has an upstream module that was left out too, so walking upstream
+    inside that set must come back to a module already seen.
+    """
+    stuck_ids = {m.id for m in stuck}
+    walk = [stuck[0].id]
+    while True:
+        pre = next(p for p in by_id[walk[-1]].pres if p in stuck_ids)
+        if pre in walk:
+            upstream = [*walk[walk.index(pre) :], pre]
+            return upstream[::-1]
+        walk.append(pre)
+
+
+class ModuleGraph:
+    """A pipeline's modules as a DAG with one source (checked by `check_module_graph`).
+
+    Shared by the pipeline a spec file describes (`onnx_models.spec.PipelineSpec`) and the
+    one a task server runs (`PipelineConfig`): both hold ``name`` and ``modules``.
+    """
+
+    name: str
+    modules: tuple[ModuleConfig, ...]
+
+    def module(self, module_id: str | int) -> ModuleConfig:
+        """The module with this id (an integer id matches its decimal string; KeyError if none)."""
+        key = str(module_id)
+        for m in self.modules:
+            if m.id == key:
+                return m
+        raise KeyError(f"pipeline {self.name!r} has no module with id {module_id}")
+
+    @property
+    def source(self) -> ModuleConfig:
+        """The module every request enters at."""
+        return next(m for m in self.modules if not m.pres)
+
+    @property
+    def sinks(self) -> tuple[ModuleConfig, ...]:
+        """Modules without downstream modules, in the given order."""
+        return tuple(m for m in self.modules if not m.subs)
+
+    def topological_order(self) -> tuple[ModuleConfig, ...]:
+        """Every module after all of its upstream modules (ties in the given order)."""
+        return topological_order(self.modules)
+
+    def paths(self, from_id: str | int | None = None) -> tuple[tuple[str, ...], ...]:
+        """Every path of module ids from `from_id` (default: the source) to a sink.
+
+        PARD takes the maximum of the latency estimates over these paths (§4.2, §5.1).
+        """
+        by_id = {m.id: m for m in self.modules}
+        start = self.source.id if from_id is None else self.module(from_id).id
+        out: list[tuple[str, ...]] = []
+        stack: list[tuple[str, ...]] = [(start,)]
+        while stack:
+            path = stack.pop()
+            subs = by_id[path[-1]].subs
+            if not subs:
+                out.append(path)
+            stack.extend((*path, s) for s in reversed(subs))
+        return tuple(out)
+
+    def downstream(self, module_id: str | int) -> tuple[ModuleConfig, ...]:
+        """Every module after `module_id` on some path, in topological order (not itself)."""
+        by_id = {m.id: m for m in self.modules}
+        seen: set[str] = set()
+        todo = list(self.module(module_id).subs)
+        while todo:
+            mid = todo.pop()
+            if mid not in seen:
+                seen.add(mid)
+                todo.extend(by_id[mid].subs)
+        return tuple(m for m in self.topological_order() if m.id in seen)
+
+    def graph(self) -> PipelineGraph:
+        """The module graph as PARD's core sees it."""
+        return PipelineGraph.from_subs({m.id: m.subs for m in self.modules})
+
+
 @dataclass(frozen=True)
 class PardKnobs:
     """Settings of PARD's State Planner, state exchange and metrics (§4.2, §5.1)."""
@@ -193,7 +364,7 @@ class PardKnobs:
 
 
 @dataclass(frozen=True)
-class PipelineConfig:
+class PipelineConfig(ModuleGraph):
     """One pipeline served by a PipelineExecutor."""
 
     name: str
@@ -253,40 +424,7 @@ class PipelineConfig:
         self._check_placement()
 
     def _check_graph(self) -> None:
-        by_id: dict[str, ModuleConfig] = {}
-        for m in self.modules:
-            if m.id in by_id:
-                raise PipelineConfigError(f"pipeline modules: id {m.id!r} appears twice")
-            by_id[m.id] = m
-        for m in self.modules:
-            for key, others in (("pres", m.pres), ("subs", m.subs)):
-                for other in others:
-                    if other not in by_id:
-                        raise PipelineConfigError(
-                            f"module {m.label} {key}: unknown module id {other!r}"
-                        )
-            for sub in m.subs:
-                if m.id not in by_id[sub].pres:
-                    raise PipelineConfigError(
-                        f"module {m.label} subs: lists {sub!r}, whose pres lack {m.id!r}"
-                    )
-            for pre in m.pres:
-                if m.id not in by_id[pre].subs:
-                    raise PipelineConfigError(
-                        f"module {m.label} pres: lists {pre!r}, whose subs lack {m.id!r}"
-                    )
-        sources = [m.id for m in self.modules if not m.pres]
-        if len(sources) != 1:
-            raise PipelineConfigError(f"pipeline modules: need exactly one source, got {sources}")
-        try:
-            graph = PipelineGraph.from_subs({m.id: m.subs for m in self.modules})
-        except ValueError as exc:
-            raise PipelineConfigError(f"pipeline modules: {exc}") from exc
-        unreachable = [m.id for m in self.modules if m.id not in graph]
-        if unreachable:
-            raise PipelineConfigError(
-                f"pipeline modules: {unreachable} not reachable from the source (a cycle?)"
-            )
+        check_module_graph(self.modules)
 
     def _check_profile(self) -> None:
         for m in self.modules:
@@ -389,22 +527,6 @@ class PipelineConfig:
     def runs_here(self, module_id: str) -> bool:
         """Whether this process runs the module."""
         return module_id in self.local
-
-    @property
-    def source(self) -> ModuleConfig:
-        """The module every request enters at."""
-        return next(m for m in self.modules if not m.pres)
-
-    def graph(self) -> PipelineGraph:
-        """The module graph as PARD's core sees it."""
-        return PipelineGraph.from_subs({m.id: m.subs for m in self.modules})
-
-    def module(self, module_id: str) -> ModuleConfig:
-        """The module with this id (KeyError if none)."""
-        for m in self.modules:
-            if m.id == module_id:
-                return m
-        raise KeyError(f"pipeline {self.name!r} has no module {module_id!r}")
 
 
 def _reach(by_id: Mapping[str, ModuleConfig], start: str, within: set[str]) -> set[str]:

@@ -80,25 +80,25 @@ def test_shipped_pipeline_loads(name: str, slo_ms: float, order: list[str]) -> N
 
 def test_chains_have_one_path() -> None:
     live = load_pipeline(pipeline_path("live"))
-    assert live.paths() == ((1, 2, 3, 4, 5),)
-    assert live.paths(from_id=3) == ((3, 4, 5),)
-    assert [m.id for m in live.downstream(2)] == [3, 4, 5]
+    assert live.paths() == (("1", "2", "3", "4", "5"),)  # ids as the task server keeps them
+    assert live.paths(from_id=3) == (("3", "4", "5"),)
+    assert [m.id for m in live.downstream(2)] == ["3", "4", "5"]
     assert live.downstream(5) == ()
-    assert live.source.id == 1
-    assert [m.id for m in live.sinks] == [5]
+    assert live.source.id == "1"
+    assert [m.id for m in live.sinks] == ["5"]
 
 
 def test_dag_splits_and_merges() -> None:
     dag = load_pipeline(pipeline_path("dag"))
-    assert dag.paths() == ((1, 2, 4), (1, 3, 4))  # PARD takes the maximum over these
-    assert dag.paths(from_id=3) == ((3, 4),)
+    assert dag.paths() == (("1", "2", "4"), ("1", "3", "4"))  # PARD takes the maximum over these
+    assert dag.paths(from_id=3) == (("3", "4"),)
     assert [m.name for m in dag.downstream(1)] == [
         "pose_recognition",
         "face_recognition",
         "expression_recognition",
     ]
-    assert [m.id for m in dag.downstream(2)] == [4]
-    assert dag.module(4).pres == (2, 3)
+    assert [m.id for m in dag.downstream(2)] == ["4"]
+    assert dag.module(4).pres == ("2", "3")
     with pytest.raises(KeyError, match="no module with id 9"):
         dag.module(9)
 
@@ -155,7 +155,7 @@ batch_sizes = [1, 4]
 """
     )
     spec = load_pipeline(path)
-    assert spec.paths() == ((10, 20),)
+    assert spec.paths() == (("10", "20"),)
     assert spec.module(20).batch_sizes == (1, 4)
 
 

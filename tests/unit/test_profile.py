@@ -63,7 +63,7 @@ def traffic_profile() -> Profile:
 def test_profile_measures_every_module_and_batch_size(traffic_profile: Profile) -> None:
     spec = load_pipeline(pipeline_path("traffic"))
     assert traffic_profile.pipeline == "traffic"
-    assert [(m.id, m.name) for m in traffic_profile.modules] == [
+    assert [(str(m.id), m.name) for m in traffic_profile.modules] == [
         (m.id, m.name) for m in spec.modules
     ]
     for m in traffic_profile.modules:
