@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from admission.config import AdmissionConfig
+from admission import AdmissionConfig, AdmissionPolicy, Rule
 from loadtests.sim import experiments as ex
 from loadtests.sim.engine import SimResult, simulate
 from loadtests.sim.experiments import Experiment, _tick
@@ -39,21 +39,22 @@ from taskserver.queues import QueuePolicy
 
 ADMISSION_LOADS = (0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 RULES = (
-    "none",
-    "reject-all",
-    "throttle",
-    "lowest-class-first",
-    "largest-fanout-first",
-    "cost-ladder",
+    Rule.NONE,
+    Rule.REJECT_ALL,
+    Rule.THROTTLE,
+    Rule.LOWEST_CLASS_FIRST,
+    Rule.LARGEST_FANOUT_FIRST,
+    Rule.COST_LADDER,
 )
 RULE_TITLES = {
-    "none": "no admission",
-    "reject-all": "reject-all (paper)",
-    "throttle": "throttle",
-    "lowest-class-first": "lowest class first",
-    "largest-fanout-first": "largest fanout first",
-    "cost-ladder": "cost ladder",
+    Rule.NONE: "no admission",
+    Rule.REJECT_ALL: "reject-all (paper)",
+    Rule.THROTTLE: "throttle",
+    Rule.LOWEST_CLASS_FIRST: "lowest class first",
+    Rule.LARGEST_FANOUT_FIRST: "largest fanout first",
+    Rule.COST_LADDER: "cost ladder",
 }
+assert set(RULE_TITLES) == set(Rule)
 WINDOW_FRACTIONS = (1 / 30, 1 / 10, 1 / 3, 1.0)
 """Reject-all at the heaviest load with time windows of these fractions of the main one."""
 TIMELINE_BIN_S = 0.5
@@ -84,8 +85,8 @@ def _run_row(scn: Any, load: float, rule: str) -> dict[str, Any]:
 
 def _rule_scenario(scn: Any, rule: str, threshold: float, window_s: float) -> Any:
     """The scenario under one rule: none, reject-all on a time window, or the throttle."""
-    if rule == "none":
-        return replace(scn, admission=AdmissionConfig(policy="none"))
+    if rule == Rule.NONE:
+        return replace(scn, admission=AdmissionConfig(policy=AdmissionPolicy.NONE))
     a = replace(scn.admission, rule=rule, threshold=threshold)
     if rule == "reject-all":
         a = replace(a, window_tasks=0, window_s=window_s)
@@ -106,7 +107,7 @@ def _admission_curve(
 
 TIMELINE_LOAD = 0.8
 """Offered load of the admission timeline (well above the max load)."""
-TIMELINE_RULES = ("reject-all", "throttle")
+TIMELINE_RULES = (Rule.REJECT_ALL, Rule.THROTTLE)
 ADMISSION_BIN_MS = 10.0
 """Width of the admission timeline's bins."""
 
@@ -134,7 +135,7 @@ def _calibrate(job: int, scn: Any, tol: float) -> tuple[float, float]:
     """(max load without admission, R_cth^U: the miss ratio without admission there)."""
     from loadtests.sim.maxload import find_max_load
 
-    bare = replace(scn, admission=AdmissionConfig(policy="none"))
+    bare = replace(scn, admission=AdmissionConfig(policy=AdmissionPolicy.NONE))
     m = find_max_load(
         bare, QueuePolicy.TF_EDFQ, lo=ex.LOW, hi=ex.HIGH, tol=tol, run=ex._runner(job)
     )
@@ -271,7 +272,7 @@ def admission(st: Any, base: Any) -> list[str]:
         block = out[k * per : (k + 1) * per]
         for rule, rows in zip(RULES, block[: len(RULES)], strict=True):
             curves[rule].append(rows)
-        short[1.0].append(block[RULES.index("reject-all")][-1])
+        short[1.0].append(block[RULES.index(Rule.REJECT_ALL)][-1])
         for f, rows in zip(WINDOW_FRACTIONS[:-1], block[len(RULES) :], strict=True):
             short[f].append(rows[0])
     max_loads = [m for m, _ in calib]
@@ -289,7 +290,7 @@ def admission(st: Any, base: Any) -> list[str]:
             at = [curve[i] for curve in per_seed]
             acc = [r["accepted_load"] for r in at]
             gaps = [(m - a) / m for a, m in zip(acc, max_loads, strict=True) if m > 0]
-            gap_cell = pm(gaps, "+.1%") if load >= max_load and gaps and rule != "none" else "-"
+            gap_cell = pm(gaps, "+.1%") if load >= max_load and gaps and rule != Rule.NONE else "-"
             cells = []
             for n in names:
                 p99 = [r[f"p99_{n}_ms"] for r in at]
@@ -318,7 +319,7 @@ def admission(st: Any, base: Any) -> list[str]:
                     },
                 }
             )
-    keys = sorted(k for k in curves["none"][0][0] if k != "rule")
+    keys = sorted(k for k in curves[Rule.NONE][0][0] if k != "rule")
     write_csv(st.out_dir / "admission.csv", ["rule", "seed", *keys], csv_rows)
     win_rows = []
     for f in WINDOW_FRACTIONS:

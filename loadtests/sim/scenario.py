@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from admission.config import AdmissionConfig
+from admission.config import AdmissionConfig, AdmissionPolicy
 from taskserver.queues import QueuePolicy
 from taskserver.service_time import ServiceSpec
 from taskserver.tomlconfig import ConfigError, build
@@ -271,7 +271,7 @@ class SimAutoscaling:
 
 
 def _no_admission() -> AdmissionConfig:
-    return AdmissionConfig(policy="none")
+    return AdmissionConfig(policy=AdmissionPolicy.NONE)
 
 
 def _default_classes() -> tuple[ClassSpec, ...]:

@@ -13,6 +13,7 @@ from functools import cache
 
 import numpy as np
 
+from admission.config import AdmissionPolicy
 from loadtests.sim.scenario import Scenario
 from taskserver.queues import QueuePolicy
 from taskserver.service_time import ServiceSpec, make_distribution
@@ -102,7 +103,7 @@ def _cached_draws(scn: Scenario) -> _Draws:
         replace(
             scn,
             run=replace(scn.run, policy=QueuePolicy.FIFO, budget_adjust=False),
-            admission=replace(scn.admission, policy="none"),
+            admission=replace(scn.admission, policy=AdmissionPolicy.NONE),
             autoscaling=replace(scn.autoscaling, enabled=False),
         )
     )
