@@ -117,7 +117,7 @@ def _exit_with_parent() -> None:
 def cmd_taskserver(args: argparse.Namespace) -> int:
     """Run one task server."""
     from taskserver.config import TaskServerConfig
-    from taskserver.server import serve
+    from taskserver.server import dense_configs, serve, serve_many
     from taskserver.service_time import make_distribution
 
     if not args.pipeline:
@@ -167,11 +167,23 @@ def cmd_taskserver(args: argparse.Namespace) -> int:
             # from --slots or [taskserver] win (a configured value equal to the default
             # cannot be told apart from none).
             cfg = dataclasses.replace(cfg, slots=PIPELINE_SLOTS)
+    try:
+        configs = dense_configs(cfg, args.count)
+    except ValueError as exc:
+        print(f"tailgate taskserver: --{exc}", file=sys.stderr)
+        return 2
+    if len(configs) > 1 and executor is not None:
+        print("tailgate taskserver: --count runs emulated servers; not with --pipeline",
+              file=sys.stderr)  # fmt: skip
+        return 2
     if args.exit_with_parent:
         _exit_with_parent()
     stop = asyncio.Event()
     try:
-        run_async(serve(cfg, ready=_announce, executor=executor, stop=stop), stop)
+        if len(configs) > 1:
+            run_async(serve_many(configs, ready=_announce, stop=stop), stop)
+        else:
+            run_async(serve(cfg, ready=_announce, executor=executor, stop=stop), stop)
     except OSError as exc:  # a port taken or not bindable: one line, as for the edge agent
         print(f"tailgate taskserver: cannot listen: {exc}", file=sys.stderr)
         return 1
@@ -545,8 +557,15 @@ def build_parser(*, light: bool = False) -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_gateway)
 
-    p = sub.add_parser("taskserver", help="run one task server")
+    p = sub.add_parser("taskserver", help="run one task server (or --count emulated ones)")
     p.add_argument("--id")
+    p.add_argument(
+        "--count",
+        type=int,
+        default=1,
+        help="emulated servers in this process, ID-1..ID-N, each with its own port, queue, "
+        "slots, seed and registration (default 1)",
+    )
     p.add_argument("--host")
     p.add_argument("--port", type=int, help="Thrift port (0: any free port)")
     p.add_argument("--metrics-port", type=int)

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -748,3 +749,72 @@ async def serve(
             http_server.close()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(http_server.wait_closed(), 2.0)
+
+
+def dense_configs(config: TaskServerConfig, count: int) -> list[TaskServerConfig]:
+    """`count` emulated servers from one config, to run in one process (`serve_many`).
+
+    Server i (from 1) is ``<server_id>-i`` with its own listener (``port + i - 1``, or any
+    free port with port 0), its own metrics port when one is set, and its own seed (``seed
+    + i - 1``) so their service-time draws differ. Each registers on its own, as if it
+    were a process of its own; only the event loop is shared. With count 1 the config is
+    returned unchanged.
+    """
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ValueError(f"count: must be an integer >= 1, got {count!r}")
+    if count == 1:
+        return [config]
+    if config.advertise is not None:
+        raise ValueError("count: --advertise names one address; it cannot serve several servers")
+    out = []
+    for i in range(count):
+        out.append(
+            dataclasses.replace(
+                config,
+                server_id=f"{config.server_id}-{i + 1}",
+                port=config.port + i if config.port else 0,
+                metrics_port=config.metrics_port + i if config.metrics_port else 0,
+                seed=None if config.seed is None else config.seed + i,
+            )
+        )
+    return out
+
+
+async def serve_many(
+    configs: Sequence[TaskServerConfig],
+    ready: Callable[[str], None] | None = None,
+    *,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Run several task servers in this event loop (`serve` each) until `stop` is set.
+
+    Each announces itself on its own line. If one fails (a port taken), the others are
+    stopped and drained, and its error is raised.
+    """
+    stop = asyncio.Event() if stop is None else stop
+    # One stop per server: a server that retires when idle must not stop the others.
+    stops = [asyncio.Event() for _ in configs]
+
+    async def relay() -> None:
+        await stop.wait()
+        for s in stops:
+            s.set()
+
+    relayer = asyncio.create_task(relay())
+    tasks = [
+        asyncio.create_task(serve(c, ready=ready, stop=s))
+        for c, s in zip(configs, stops, strict=True)
+    ]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        failed = [t for t in done if not t.cancelled() and t.exception() is not None]
+        if failed:
+            stop.set()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise failed[0].exception()  # type: ignore[misc]
+        await asyncio.gather(*tasks)
+    finally:
+        relayer.cancel()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(relayer, *tasks, return_exceptions=True)
