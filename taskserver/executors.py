@@ -46,8 +46,10 @@ def _spin_until(deadline: float, cancelled: threading.Event) -> None:
 class EmulatedExecutor(Executor):
     """Emulates a task's service time by sleeping or by burning CPU.
 
-    Payload (JSON object, b"" means {}): "service_ms" (number >= 0) fixes the service time,
-    otherwise it is drawn from the distribution; "fail" (message) makes the task fail with
+    Payload (JSON object, b"" means {}): "service_ms" (number >= 0) fixes the service time;
+    "service_ms_on" ({server id: number >= 0}) fixes it per server, so one query can give
+    each of its tasks its own (a replayed workload); otherwise it is drawn from the
+    distribution; "fail" (message) makes the task fail with
     ExecutorError after its service time; "drop" (message) drops it at once with TaskDropped,
     only on the servers listed in "drop_on" when given; "echo" is returned as is.
     Result: {"server": server_id, "service_ms": emulated ms rounded to µs, "echo": ...}.
@@ -109,9 +111,20 @@ class EmulatedExecutor(Executor):
             raise TaskDropped(reason)
 
     def _service_ms(self, request: dict) -> float:
+        per_server = request.get("service_ms_on")
+        if per_server is not None:
+            if not isinstance(per_server, dict) or self.server_id not in per_server:
+                raise ExecutorError(
+                    f"payload: service_ms_on must map this server ({self.server_id!r}) to a "
+                    f"service time, got {str(per_server)[:200]}"
+                )
+            return self._checked_ms(per_server[self.server_id])
         if "service_ms" not in request:
             return self.distribution.sample_ms(self._rng)
-        value = request["service_ms"]
+        return self._checked_ms(request["service_ms"])
+
+    @staticmethod
+    def _checked_ms(value: object) -> float:
         if (
             isinstance(value, bool)
             or not isinstance(value, int | float)

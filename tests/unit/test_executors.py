@@ -106,3 +106,15 @@ async def test_executor_close_is_a_no_op_by_default():
     executor: Executor = make_executor()
     assert executor.name == "emulated"
     await executor.close()
+
+
+async def test_service_ms_on_gives_each_server_its_own_time():
+    payload = json.dumps({"service_ms_on": {"ts-1": 2.0, "ts-2": 0.5}}).encode()
+    a = await make_executor(server_id="ts-1").execute(payload)
+    b = await make_executor(server_id="ts-2").execute(payload)
+    assert json.loads(a)["service_ms"] == 2.0 and json.loads(b)["service_ms"] == 0.5
+    with pytest.raises(ExecutorError, match="service_ms_on must map this server \\('ts-3'\\)"):
+        await make_executor(server_id="ts-3").execute(payload)
+    bad = json.dumps({"service_ms_on": {"ts-1": -1}}).encode()
+    with pytest.raises(ExecutorError, match="service_ms must be a number >= 0, got -1"):
+        await make_executor(server_id="ts-1").execute(bad)
