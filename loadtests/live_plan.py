@@ -1,0 +1,110 @@
+"""A simulator scenario as a live replay: the same queries, time-scaled, as HTTP requests.
+
+The simulator draws each scenario's workload once per seed (`loadtests.sim.workload`):
+arrival times, classes, fanouts, the server of every task and its service time. A live
+replay sends exactly those queries to a real gateway and real emulated task servers, with
+every duration multiplied by a time scale (so a Masstree task of 0.18 ms takes 18 ms at
+scale 100, where the event loop's timers are precise enough):
+
+- query q is sent at ``arrival_ms[q] * scale`` after the start, to its class;
+- it targets its tasks' servers by id (``targets.servers``), the ids the emulated servers
+  register under (``PREFIX-1`` … ``PREFIX-N``, from ``tailgate taskserver --count N``);
+- its payload gives each of those servers its task's service time, scaled
+  (``service_ms_on``, read by the emulated executor);
+- class SLOs are the scenario's, scaled; the gateway's CDF prior is the scenario's service
+  law, scaled (`live_gateway_toml`).
+
+This module only plans; it starts nothing. Pure code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from loadtests.sim.scenario import Scenario, class_priorities
+from loadtests.sim.workload import make_workload
+
+__all__ = ["LiveQuery", "live_gateway_toml", "plan_queries", "server_ids"]
+
+
+@dataclass(frozen=True, slots=True)
+class LiveQuery:
+    """One query of the replay."""
+
+    at_s: float
+    """When to send it, after the start of the replay (wall seconds, scaled)."""
+    cls: str
+    fanout: int
+    body: dict[str, Any]
+    """The POST /v1/queries body."""
+
+
+def server_ids(scn: Scenario, prefix: str) -> list[str]:
+    """The ids of the scenario's N servers, as ``tailgate taskserver --id PREFIX --count N``
+    names them."""
+    n = scn.servers.count
+    return [prefix] if n == 1 else [f"{prefix}-{i + 1}" for i in range(n)]
+
+
+def plan_queries(scn: Scenario, load: float, scale: float, prefix: str = "em") -> list[LiveQuery]:
+    """The scenario's queries at this load, as the live replay sends them."""
+    if not scale > 0:
+        raise ValueError(f"scale: must be > 0, got {scale}")
+    w = make_workload(scn, load)
+    ids = np.asarray(server_ids(scn, prefix))
+    names = [c.name for c in scn.classes]
+    out: list[LiveQuery] = []
+    for q in range(w.queries):
+        lo, hi = int(w.offsets[q]), int(w.offsets[q + 1])
+        servers = ids[w.task_server[lo:hi]].tolist()
+        service = (w.task_service_ms[lo:hi] * scale).round(6).tolist()
+        cls = names[int(w.cls[q])]
+        body = {
+            "class": cls,
+            "targets": {"servers": servers},
+            "task": {"service_ms_on": dict(zip(servers, service, strict=True))},
+        }
+        out.append(LiveQuery(float(w.arrival_ms[q]) * scale / 1000.0, cls, hi - lo, body))
+    return out
+
+
+def live_gateway_toml(scn: Scenario, scale: float, service_path: str) -> str:
+    """The gateway config of a replay: the scenario's classes (SLOs scaled), one pool in its
+    queueing mode and policy, with the scaled service law (from `service_path`) as prior."""
+    if scn.servers.pools:
+        raise ValueError("servers.pools: a live replay runs one pool of equal servers so far")
+    prio = class_priorities(scn)
+    lines = [
+        "[gateway]",
+        'storage_url = ""',
+        "",
+    ]
+    for i, c in enumerate(scn.classes):
+        lines += [
+            "[[classes]]",
+            f'name = "{c.name}"',
+            f"latency_ms = {c.slo_ms * scale!r}",
+            f"percentile = {c.percentile!r}",
+            f"priority = {int(prio[i])}",
+            "",
+        ]
+    lines += [
+        "[[pools]]",
+        'name = "default"',
+        f'queueing = "{scn.run.queueing}"',
+        f'policy = "{scn.run.policy}"',
+        "",
+        "[pools.prior]",
+        'kind = "quantiles"',
+        f"path = {service_path!r}",
+        f"scale = {scn.service.scale * scale!r}",
+        "",
+    ]
+    # The prior's wire overhead is the simulator's model of it, scaled like every duration;
+    # the live wire adds its real (unscaled) time on top, which the online CDFs then learn.
+    overhead_ms = (scn.overhead.dispatch_ms + scn.overhead.return_ms) * scale
+    lines.insert(lines.index("[pools.prior]"), f"prior_overhead_ms = {overhead_ms!r}")
+    return "\n".join(lines)
