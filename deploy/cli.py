@@ -190,6 +190,13 @@ def cmd_taskserver(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_live(args: argparse.Namespace) -> int:
+    """`tailgate live run`: loadtests.live."""
+    from loadtests.live import main as live_main
+
+    return live_main(args.rest)
+
+
 UP_EDGE_AGENTS = 4
 """Edge agents `tailgate up` starts by default (one per cluster) when pool 'edge' exists."""
 
@@ -634,6 +641,14 @@ def build_parser(*, light: bool = False) -> argparse.ArgumentParser:
 
         add_sim_parser(sub)
         add_profile_parser(sub)
+        p = sub.add_parser(
+            "live",
+            help="replay a simulator scenario on real processes (live run SCENARIO --load L)",
+            add_help=False,
+        )
+        p.add_argument("action", choices=["run"], help="run: one replay at one load")
+        p.add_argument("rest", nargs=argparse.REMAINDER, help="see tailgate live run --help")
+        p.set_defaults(func=cmd_live)
 
     p = sub.add_parser("config", help="validate the config and print the effective values")
     p.set_defaults(func=cmd_config)

@@ -27,7 +27,7 @@ import numpy as np
 from loadtests.sim.scenario import Scenario, class_priorities
 from loadtests.sim.workload import make_workload
 
-__all__ = ["LiveQuery", "live_gateway_toml", "plan_queries", "server_ids"]
+__all__ = ["LiveQuery", "live_gateway_toml", "plan_queries", "process_counts", "server_ids"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,19 +42,32 @@ class LiveQuery:
     """The POST /v1/queries body."""
 
 
-def server_ids(scn: Scenario, prefix: str) -> list[str]:
-    """The ids of the scenario's N servers, as ``tailgate taskserver --id PREFIX --count N``
-    names them."""
-    n = scn.servers.count
-    return [prefix] if n == 1 else [f"{prefix}-{i + 1}" for i in range(n)]
+def process_counts(n: int, per_process: int) -> list[int]:
+    """How many of n emulated servers each process hosts (at most per_process each)."""
+    if n < 1 or per_process < 1:
+        raise ValueError(f"servers: need n >= 1 and per_process >= 1, got {n}, {per_process}")
+    k = -(-n // per_process)
+    return [n // k + (1 if i < n % k else 0) for i in range(k)]
 
 
-def plan_queries(scn: Scenario, load: float, scale: float, prefix: str = "em") -> list[LiveQuery]:
+def server_ids(scn: Scenario, prefix: str, per_process: int = 25) -> list[str]:
+    """The ids of the scenario's N servers as the replay's processes name them: process p
+    runs ``tailgate taskserver --id PREFIX-p --count n_p``, whose servers are
+    ``PREFIX-p-1`` … (``PREFIX-p`` alone when n_p is 1)."""
+    ids: list[str] = []
+    for p, n in enumerate(process_counts(scn.servers.count, per_process), start=1):
+        ids += [f"{prefix}-{p}"] if n == 1 else [f"{prefix}-{p}-{i + 1}" for i in range(n)]
+    return ids
+
+
+def plan_queries(
+    scn: Scenario, load: float, scale: float, prefix: str = "em", per_process: int = 25
+) -> list[LiveQuery]:
     """The scenario's queries at this load, as the live replay sends them."""
     if not scale > 0:
         raise ValueError(f"scale: must be > 0, got {scale}")
     w = make_workload(scn, load)
-    ids = np.asarray(server_ids(scn, prefix))
+    ids = np.asarray(server_ids(scn, prefix, per_process))
     names = [c.name for c in scn.classes]
     out: list[LiveQuery] = []
     for q in range(w.queries):

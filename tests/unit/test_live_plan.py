@@ -35,7 +35,8 @@ def test_the_plan_sends_the_simulators_queries_scaled() -> None:
     assert len(plan) == w.queries == 200
     assert np.allclose([q.at_s for q in plan], w.arrival_ms * 100.0 / 1000.0)
     ids = server_ids(scn, "em")
-    assert ids[0] == "em-1" and ids[-1] == f"em-{scn.servers.count}"
+    assert len(ids) == len(set(ids)) == scn.servers.count == 100
+    assert ids[0] == "em-1-1" and ids[-1] == "em-4-25"  # 4 processes of 25
     q = plan[7]
     lo, hi = int(w.offsets[7]), int(w.offsets[8])
     servers = q.body["targets"]["servers"]
@@ -43,6 +44,14 @@ def test_the_plan_sends_the_simulators_queries_scaled() -> None:
     times = q.body["task"]["service_ms_on"]
     assert times[servers[3]] == pytest.approx(w.task_service_ms[lo + 3] * 100.0)
     assert q.body["class"] == scn.classes[int(w.cls[7])].name
+
+
+def test_servers_spread_evenly_over_processes() -> None:
+    from loadtests.live_plan import process_counts
+
+    assert process_counts(100, 25) == [25, 25, 25, 25]
+    assert process_counts(101, 25) == [21, 20, 20, 20, 20]
+    assert process_counts(1, 25) == [1]
 
 
 def test_the_gateway_config_scales_slos_and_prior_and_loads() -> None:

@@ -1,0 +1,315 @@
+"""Replay a simulator scenario on real processes: `tailgate live run SCENARIO --load L`.
+
+Starts a gateway (the scenario's classes, pool, queueing and policy, every duration times
+`scale`: see `loadtests.live_plan`) and the scenario's N emulated task servers, packed
+``per_process`` to a process (``tailgate taskserver --count``), all registering with a
+token over loopback. It then sends the simulator's very queries open-loop at their scaled
+arrival times over real HTTP, collects every answer, and reports what ``tailgate sim run``
+reports (per class and fanout type, in the scenario's own units: live latencies are
+divided by the scale), beside the simulator's report of the same queries.
+
+The driver must not be the bottleneck: it reports its lateness (actual - scheduled send
+time) and the gateway's CPU share; a run whose driver lateness p99 exceeds 1% of the
+smallest scaled SLO is marked INVALID.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+
+from loadtests.live_plan import live_gateway_toml, plan_queries, process_counts
+from loadtests.sim.engine import SimResult, simulate
+from loadtests.sim.report import Report, report
+from loadtests.sim.scenario import Scenario
+from taskserver.spawn import tailgate_argv, taskserver_argv
+
+__all__ = ["LiveRun", "run_live"]
+
+START_TIMEOUT_S = 30.0
+
+
+@dataclass(slots=True)
+class LiveRun:
+    """What a live replay measured, and the simulator's report of the same queries."""
+
+    live: Report
+    sim: Report
+    scale: float
+    sent: int
+    answered: dict[int, int]
+    """Answers by HTTP status."""
+    lateness_p99_ms: float
+    """Driver lateness (actual - scheduled send), p99, wall ms."""
+    lateness_max_ms: float
+    gateway_cpu_share: float
+    """Gateway process CPU time over the replay's wall time (1.0 = one core)."""
+    servers_cpu_share: float
+    wall_s: float
+    valid: bool
+
+    def to_text(self) -> str:
+        """The live report, the simulator's, and the run's own figures."""
+        flag = "valid" if self.valid else "INVALID (driver late by more than 1% of the SLO)"
+        answered = ", ".join(f"{k}: {v}" for k, v in sorted(self.answered.items()))
+        return "\n".join(
+            [
+                f"== live (time scale {self.scale:g}; latencies in scenario ms) ==",
+                self.live.to_text(),
+                "== simulator, the same queries ==",
+                self.sim.to_text(),
+                f"sent {self.sent} queries in {self.wall_s:.1f} s (answers {answered}); driver "
+                f"lateness p99 {self.lateness_p99_ms:.2f} ms, max {self.lateness_max_ms:.2f} ms"
+                f"; gateway CPU {self.gateway_cpu_share:.0%} of a core, servers "
+                f"{self.servers_cpu_share:.0%}; {flag}",
+            ]
+        )
+
+
+def _cpu_s(pid: int) -> float:
+    """utime + stime of a process, in seconds (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _start(argv: list[str], env: dict[str, str], lines: int) -> tuple[subprocess.Popen, list]:
+    """Start a process and read its `lines` JSON announcements."""
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+    out: list[dict[str, Any]] = []
+    deadline = time.monotonic() + START_TIMEOUT_S
+    assert p.stdout is not None
+    while len(out) < lines:
+        if time.monotonic() > deadline or p.poll() is not None:
+            p.kill()
+            p.wait(5)
+            p.stdout.close()
+            raise RuntimeError(f"{argv[4:7]} did not start (exit {p.poll()})")
+        line = p.stdout.readline()
+        if line:
+            out.append(json.loads(line))
+    return p, out
+
+
+async def _wait_servers_up(http: aiohttp.ClientSession, url: str, n: int) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        async with http.get(url + "/v1/servers") as r:
+            servers = (await r.json())["servers"]
+        if sum(s["state"] == "up" for s in servers) >= n:
+            return
+        await asyncio.sleep(0.1)
+    raise RuntimeError(f"only some of the {n} servers came up within {START_TIMEOUT_S:g} s")
+
+
+async def _drive(
+    url: str, plan: list[Any], concurrency: int
+) -> tuple[list[dict[str, Any] | None], list[int], list[float], float]:
+    """Send every planned query at its time; answers (None: no JSON), statuses, lateness."""
+    answers: list[dict[str, Any] | None] = [None] * len(plan)
+    statuses = [0] * len(plan)
+    late = [0.0] * len(plan)
+    conn = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(60)) as http:
+        loop = asyncio.get_running_loop()
+
+        async def one(i: int, t0: float) -> None:
+            q = plan[i]
+            late[i] = loop.time() - (t0 + q.at_s)
+            try:
+                async with http.post(url + "/v1/queries", json=q.body) as r:
+                    statuses[i] = r.status
+                    answers[i] = await r.json()
+            except (aiohttp.ClientError, TimeoutError, ValueError):
+                statuses[i] = 0
+
+        t0 = loop.time() + 0.2
+        tasks = []
+        for i, q in enumerate(plan):
+            delay = t0 + q.at_s - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(i, t0)))
+        await asyncio.gather(*tasks)
+        wall = loop.time() - t0
+    return answers, statuses, late, wall
+
+
+def _live_result(
+    scn: Scenario, load: float, policy: str, plan: list[Any], answers: list, scale: float
+) -> SimResult:
+    """The live answers as a SimResult (scenario units), warm-up queries dropped."""
+    names = {c.name: i for i, c in enumerate(scn.classes)}
+    first = int(scn.run.warmup * len(plan))
+    lat, cls, fan, misses = [], [], [], []
+    tasks = missed = rejected = 0
+    for q, a in zip(plan[first:], answers[first:], strict=True):
+        if a is None or "latency_ms" not in a:
+            rejected += 1
+            continue
+        lat.append(a["latency_ms"] / scale)
+        cls.append(names[q.cls])
+        fan.append(q.fanout)
+        m = sum(bool(t.get("missed_deadline")) for t in a.get("tasks", ()))
+        misses.append(m)
+        tasks += q.fanout
+        missed += m
+    return SimResult(
+        scenario=scn,
+        load=load,
+        policy=policy,
+        latency_ms=np.asarray(lat),
+        cls=np.asarray(cls, dtype=np.int64),
+        fanout=np.asarray(fan, dtype=np.int64),
+        tasks=tasks,
+        missed=missed,
+        rejected_queries=rejected,
+        measured_queries=len(plan) - first,
+        utilisation=float("nan"),
+        query_misses=np.asarray(misses),
+    )
+
+
+def run_live(
+    scn: Scenario,
+    load: float,
+    *,
+    policy: str | None = None,
+    scale: float = 100.0,
+    per_process: int = 25,
+    service_path: str,
+    concurrency: int = 1000,
+) -> LiveRun:
+    """Replay `scn` at `load` on real processes and simulate the same queries."""
+    policy = policy or str(scn.run.policy)
+    scn = replace(scn, run=replace(scn.run, policy=policy))
+    plan = plan_queries(scn, load, scale, "em", per_process)
+    token = secrets.token_hex(16)
+    env = dict(os.environ, TAILGATE_AGENT_TOKEN=token, PYTHONUNBUFFERED="1")
+    procs: list[subprocess.Popen] = []
+    with tempfile.TemporaryDirectory(prefix="tailgate-live-") as tmp:
+        cfg = Path(tmp) / "gateway.toml"
+        cfg.write_text(live_gateway_toml(scn, scale, service_path))
+        try:
+            gw, (info,) = _start([*tailgate_argv(str(cfg)), "gateway", "--port", "0"], env, 1)
+            procs.append(gw)
+            url = info["url"]
+            for p, n in enumerate(process_counts(scn.servers.count, per_process), start=1):
+                argv = taskserver_argv(
+                    f"em-{p}",
+                    gateway_url=url,
+                    policy=policy,
+                    slots=scn.servers.slots,
+                    extra_args=("--count", str(n)),
+                )
+                proc, _ = _start(argv, env, n)
+                procs.append(proc)
+            return asyncio.run(_replay(scn, load, policy, plan, url, procs, scale, concurrency))
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+            for proc in procs:
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(5)
+                if proc.stdout is not None:
+                    proc.stdout.close()
+
+
+async def _replay(
+    scn: Scenario,
+    load: float,
+    policy: str,
+    plan: list[Any],
+    url: str,
+    procs: list[subprocess.Popen],
+    scale: float,
+    concurrency: int,
+) -> LiveRun:
+    async with aiohttp.ClientSession() as http:
+        await _wait_servers_up(http, url, scn.servers.count)
+    cpu0 = [_cpu_s(p.pid) for p in procs]
+    answers, statuses, late, wall = await _drive(url, plan, concurrency)
+    cpu = [_cpu_s(p.pid) - c for p, c in zip(procs, cpu0, strict=True)]
+    answered: dict[int, int] = {}
+    for s in statuses:
+        answered[s] = answered.get(s, 0) + 1
+    lateness = np.sort(np.asarray(late) * 1000.0)
+    p99 = float(lateness[min(len(lateness) - 1, math.ceil(0.99 * len(lateness)) - 1)])
+    min_slo_ms = min(c.slo_ms for c in scn.classes) * scale
+    live = report(_live_result(scn, load, policy, plan, answers, scale))
+    sim = report(simulate(replace(scn, run=replace(scn.run, queries=len(plan))), load))
+    return LiveRun(
+        live=live,
+        sim=sim,
+        scale=scale,
+        sent=len(plan),
+        answered=answered,
+        lateness_p99_ms=p99,
+        lateness_max_ms=float(lateness[-1]),
+        gateway_cpu_share=cpu[0] / wall,
+        servers_cpu_share=sum(cpu[1:]) / wall,
+        wall_s=wall,
+        valid=p99 <= 0.01 * min_slo_ms,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m loadtests.live SCENARIO --load L`` (also ``tailgate live run``)."""
+    import argparse
+
+    from loadtests.sim.scenario import load_scenario
+    from taskserver.service_time import ServiceSpec
+
+    p = argparse.ArgumentParser(prog="tailgate live run", description=__doc__.split("\n")[0])
+    p.add_argument("scenario", help="scenario TOML (as for tailgate sim run)")
+    p.add_argument("--load", type=float, required=True)
+    p.add_argument("--policy")
+    p.add_argument("--scale", type=float, default=100.0, help="time scale (default 100)")
+    p.add_argument("--queries", type=int, help="queries to replay (default: the scenario's)")
+    p.add_argument("--per-process", type=int, default=25, help="emulated servers per process")
+    p.add_argument(
+        "--service-quantiles",
+        required=True,
+        help="the service-time table (e.g. ../shared/data/tailbench/masstree_quantiles.txt)",
+    )
+    args = p.parse_args(argv)
+    try:
+        scn = load_scenario(args.scenario)
+        path = str(Path(args.service_quantiles).resolve())
+        scn = scn.with_service(ServiceSpec(kind="quantiles", path=path))
+        if args.queries:
+            scn = replace(scn, run=replace(scn.run, queries=args.queries))
+        run = run_live(
+            scn,
+            args.load,
+            policy=args.policy,
+            scale=args.scale,
+            per_process=args.per_process,
+            service_path=path,
+        )
+    except (ValueError, OSError, RuntimeError) as exc:
+        print(f"tailgate live: {exc}", file=sys.stderr)
+        return 2
+    print(run.to_text())
+    return 0 if run.valid else 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())
