@@ -191,7 +191,7 @@ def cmd_taskserver(args: argparse.Namespace) -> int:
 
 
 def cmd_live(args: argparse.Namespace) -> int:
-    """`tailgate live run`: loadtests.live."""
+    """`tailgate live run|maxload`: loadtests.live."""
     from loadtests.live import main as live_main
 
     return live_main(args.rest)
@@ -643,10 +643,9 @@ def build_parser(*, light: bool = False) -> argparse.ArgumentParser:
         add_profile_parser(sub)
         p = sub.add_parser(
             "live",
-            help="replay a simulator scenario on real processes (live run SCENARIO --load L)",
+            help="replay a simulator scenario on real processes (live run | live maxload)",
             add_help=False,
         )
-        p.add_argument("action", choices=["run"], help="run: one replay at one load")
         p.add_argument("rest", nargs=argparse.REMAINDER, help="see tailgate live run --help")
         p.set_defaults(func=cmd_live)
 

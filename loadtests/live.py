@@ -38,7 +38,7 @@ from loadtests.sim.report import Report, report
 from loadtests.sim.scenario import Scenario
 from taskserver.spawn import tailgate_argv, taskserver_argv
 
-__all__ = ["LiveRun", "run_live"]
+__all__ = ["LiveMaxLoad", "LiveRun", "live_max_load", "run_live"]
 
 START_TIMEOUT_S = 30.0
 
@@ -270,25 +270,85 @@ async def _replay(
     )
 
 
+@dataclass(slots=True)
+class LiveMaxLoad:
+    """A live max-load search beside the simulator's, for one policy."""
+
+    policy: str
+    live: float
+    live_bracket: tuple[float, float]
+    sim: float
+    sim_bracket: tuple[float, float]
+    probes: list[tuple[float, bool, bool]]
+    """Live probes: (load, met, valid)."""
+
+    def to_text(self) -> str:
+        """One line: both max loads, their gap and the live probes."""
+        gap = (self.live - self.sim) / self.sim if self.sim > 0 else math.nan
+        invalid = sum(not v for _, _, v in self.probes)
+        probes = ", ".join(f"{load:.3f}{'+' if met else '-'}" for load, met, _ in self.probes)
+        note = f"; {invalid} INVALID probe(s)" if invalid else ""
+        return (
+            f"{self.policy:>8}: live max load {self.live:.3f} {self.live_bracket}, simulated "
+            f"{self.sim:.3f} {self.sim_bracket}, live vs simulated {gap:+.1%}; live probes "
+            f"{probes}{note}"
+        )
+
+
+def live_max_load(
+    scn: Scenario,
+    policy: str,
+    *,
+    tol: float = 0.02,
+    lo: float = 0.05,
+    hi: float = 0.95,
+    **live: Any,
+) -> LiveMaxLoad:
+    """Bisect the live max load of one policy (every probe a `run_live`), and the
+    simulator's on the same queries."""
+    from loadtests.sim.maxload import find_max_load
+
+    probes: list[tuple[float, bool, bool]] = []
+
+    def run(s: Scenario, load: float, p: str) -> SimResult:
+        r = run_live(s, load, policy=p, **live)
+        probes.append((load, r.live.met, r.valid))
+        return r.live.result
+
+    m_live = find_max_load(scn, policy, lo=lo, hi=hi, tol=tol, run=run)
+    m_sim = find_max_load(scn, policy, lo=lo, hi=hi, tol=tol)
+    return LiveMaxLoad(
+        policy, m_live.max_load, m_live.bracket, m_sim.max_load, m_sim.bracket, probes
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m loadtests.live SCENARIO --load L`` (also ``tailgate live run``)."""
+    """``python -m loadtests.live {run,maxload} SCENARIO ...`` (also ``tailgate live``)."""
     import argparse
 
     from loadtests.sim.scenario import load_scenario
     from taskserver.service_time import ServiceSpec
 
-    p = argparse.ArgumentParser(prog="tailgate live run", description=__doc__.split("\n")[0])
-    p.add_argument("scenario", help="scenario TOML (as for tailgate sim run)")
-    p.add_argument("--load", type=float, required=True)
-    p.add_argument("--policy")
-    p.add_argument("--scale", type=float, default=100.0, help="time scale (default 100)")
-    p.add_argument("--queries", type=int, help="queries to replay (default: the scenario's)")
-    p.add_argument("--per-process", type=int, default=25, help="emulated servers per process")
-    p.add_argument(
-        "--service-quantiles",
-        required=True,
-        help="the service-time table (e.g. ../shared/data/tailbench/masstree_quantiles.txt)",
+    p = argparse.ArgumentParser(prog="tailgate live", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="action", required=True)
+    run_p = sub.add_parser("run", help="one replay at one load, beside the simulator")
+    run_p.add_argument("--load", type=float, required=True)
+    run_p.add_argument("--policy")
+    max_p = sub.add_parser("maxload", help="live max load per policy, beside the simulator's")
+    max_p.add_argument(
+        "--policy", action="append", help="repeat per policy (default: the scenario's)"
     )
+    max_p.add_argument("--tol", type=float, default=0.02, help="bisection width (0.02)")
+    for q in (run_p, max_p):
+        q.add_argument("scenario", help="scenario TOML (as for tailgate sim run)")
+        q.add_argument("--scale", type=float, default=100.0, help="time scale (default 100)")
+        q.add_argument("--queries", type=int, help="queries per replay (default: the scenario's)")
+        q.add_argument("--per-process", type=int, default=25, help="emulated servers per process")
+        q.add_argument(
+            "--service-quantiles",
+            required=True,
+            help="the service-time table (e.g. ../shared/data/tailbench/masstree_quantiles.txt)",
+        )
     args = p.parse_args(argv)
     try:
         scn = load_scenario(args.scenario)
@@ -296,19 +356,20 @@ def main(argv: list[str] | None = None) -> int:
         scn = scn.with_service(ServiceSpec(kind="quantiles", path=path))
         if args.queries:
             scn = replace(scn, run=replace(scn.run, queries=args.queries))
-        run = run_live(
-            scn,
-            args.load,
-            policy=args.policy,
-            scale=args.scale,
-            per_process=args.per_process,
-            service_path=path,
-        )
+        opts = {"scale": args.scale, "per_process": args.per_process, "service_path": path}
+        if args.action == "run":
+            run = run_live(scn, args.load, policy=args.policy, **opts)
+            print(run.to_text())
+            return 0 if run.valid else 3
+        valid = True
+        for policy in args.policy or [str(scn.run.policy)]:
+            m = live_max_load(scn, policy, tol=args.tol, **opts)
+            print(m.to_text(), flush=True)
+            valid = valid and all(v for _, _, v in m.probes)
+        return 0 if valid else 3
     except (ValueError, OSError, RuntimeError) as exc:
         print(f"tailgate live: {exc}", file=sys.stderr)
         return 2
-    print(run.to_text())
-    return 0 if run.valid else 3
 
 
 if __name__ == "__main__":
