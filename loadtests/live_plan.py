@@ -85,8 +85,10 @@ def plan_queries(
 
 
 def live_gateway_toml(scn: Scenario, scale: float, service_path: str) -> str:
-    """The gateway config of a replay: the scenario's classes (SLOs scaled), one pool in its
-    queueing mode and policy, with the scaled service law (from `service_path`) as prior."""
+    """The gateway config of a replay: the scenario's classes (SLOs scaled), its admission
+    control (durations scaled; a scenario without admission turns the gateway's off), one
+    pool in its queueing mode and policy, with the scaled service law (from
+    `service_path`) as prior."""
     if scn.servers.pools:
         raise ValueError("servers.pools: a live replay runs one pool of equal servers so far")
     prio = class_priorities(scn)
@@ -114,6 +116,22 @@ def live_gateway_toml(scn: Scenario, scale: float, service_path: str) -> str:
         'kind = "quantiles"',
         f"path = {service_path!r}",
         f"scale = {scn.service.scale * scale!r}",
+        "",
+    ]
+    a = scn.admission
+    lines += [
+        "[admission]",
+        f'policy = "{a.policy}"',
+        f'rule = "{a.rule}"',
+        f"threshold = {a.threshold!r}",
+        *([f"release_threshold = {a.release_threshold!r}"] if a.release_threshold else []),
+        f"window_tasks = {a.window_tasks}",
+        f"window_s = {a.window_s * scale!r}",
+        f"window_max_age_s = {a.window_max_age_s * scale!r}",
+        f"max_defer_ms = {a.max_defer_ms * scale!r}",
+        f"throttle_interval_s = {a.throttle_interval_s * scale!r}",
+        f"throttle_gain = {a.throttle_gain!r}",
+        f"throttle_min_fraction = {a.throttle_min_fraction!r}",
         "",
     ]
     # The prior's wire overhead is the simulator's model of it, scaled like every duration;

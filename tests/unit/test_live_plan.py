@@ -64,5 +64,11 @@ def test_the_gateway_config_scales_slos_and_prior_and_loads() -> None:
     (pool,) = cfg.pools
     assert pool.queueing == scn.run.queueing and pool.policy == scn.run.policy
     assert pool.prior.scale == pytest.approx(100.0 * scn.service.scale)
+    # The scenario has no admission control: the live gateway must not reject queries.
+    assert not cfg.admission.enabled and not scn.admission.enabled
+    adm = load_scenario(REPO / "loadtests" / "scenarios" / "admission.toml")
+    live_adm = parse_config(tomllib.loads(live_gateway_toml(adm, 100.0, "t.txt"))).gateway.admission
+    assert live_adm.rule == adm.admission.rule and live_adm.enabled
+    assert live_adm.throttle_interval_s == pytest.approx(adm.admission.throttle_interval_s * 100)
     with pytest.raises(ValueError, match="scale: must be > 0"):
         plan_queries(scn, 0.5, 0.0)
