@@ -126,6 +126,11 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR, help="Tailbench tables")
     p.add_argument("--uvloop", action="store_true", help="run on uvloop")
+    p.add_argument(
+        "--select",
+        action="store_true",
+        help="asyncio on select() (µs timeouts) instead of epoll (timeouts rounded up to ms)",
+    )
     args = p.parse_args()
     if args.uvloop:
         import uvloop
@@ -133,11 +138,20 @@ def main() -> None:
         uvloop.install()
     print(
         f"{args.servers} servers, {args.tasks} tasks, {args.service} x {args.scale:g}, "
-        f"utilisation {args.utilisation:g}, {'uvloop' if args.uvloop else 'asyncio'}"
+        f"utilisation {args.utilisation:g}, "
+        f"{'uvloop' if args.uvloop else 'asyncio on select()' if args.select else 'asyncio'}"
     )
+    loop_factory = None
+    if args.select:
+        import selectors
+
+        def loop_factory() -> asyncio.AbstractEventLoop:
+            return asyncio.SelectorEventLoop(selectors.SelectSelector())
+
     for name, sleeper in (("precise", _sleep_precisely), ("plain", _plain)):
-        r = asyncio.run(
-            run(
+        r = _run_in(
+            loop_factory,
+            lambda sleeper=sleeper: run(
                 sleeper,
                 table=_table(args.data_dir, args.service),
                 scale=args.scale,
@@ -145,7 +159,7 @@ def main() -> None:
                 utilisation=args.utilisation,
                 tasks=args.tasks,
                 seed=args.seed,
-            )
+            ),
         )
         print(
             f"{name:8s} mean service {r['mean_service_ms']:.2f} ms; achieved - drawn: "
@@ -153,6 +167,17 @@ def main() -> None:
             f"({r['p99_share']:.1%} of the mean), max {r['err_max_ms']:+.3f} ms; "
             f"CPU {r['cpu_us_per_task']:.0f} us/task, {r['cpu_share']:.0%} of a core"
         )
+
+
+def _run_in(factory: Callable[[], asyncio.AbstractEventLoop] | None, make: Callable) -> dict:
+    """Run the coroutine `make()` returns on a loop from `factory` (default: asyncio's)."""
+    if factory is None:
+        return asyncio.run(make())
+    loop = factory()
+    try:
+        return loop.run_until_complete(make())
+    finally:
+        loop.close()
 
 
 if __name__ == "__main__":
