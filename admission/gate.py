@@ -23,14 +23,11 @@ from typing import Any, Protocol
 
 from admission.config import AdmissionConfig
 from admission.controller import AdmissionController
-from admission.decisions import Action, Decision, Pressure, QueryInfo, Signal
+from admission.decisions import Decision, Pressure, QueryInfo, Signal
 from admission.tails import TailTracker
 from admission.window import MissRatioWindow
 
-__all__ = ["FAST_ADMIT", "AdmissionClass", "AdmissionGate", "make_window"]
-
-FAST_ADMIT = Decision(Action.ADMIT, "fast_path")
-"""The answer when the rule clearly admits (not counted: the common case stays cheap)."""
+__all__ = ["AdmissionClass", "AdmissionGate", "make_window"]
 
 
 class AdmissionClass(Protocol):
@@ -146,10 +143,9 @@ class AdmissionGate:
     def decide(
         self, q: QueryInfo, queue_pressure: Callable[[], float] = _no_queue_pressure
     ) -> Decision:
-        """Admit, reject or defer one query now. A DEFER asks the shell to hold the query
-        for `defer_s` and put it again with `waited_s` grown (`QueryInfo.after`)."""
-        if self.clearly_admitted():
-            return FAST_ADMIT
+        """Admit, reject or defer one query now. A shell asks only when `clearly_admitted()`
+        is False (the cheap check, which also builds no QueryInfo); a DEFER asks it to hold
+        the query for `defer_s` and put it again with `waited_s` grown (`QueryInfo.after`)."""
         return self.controller.decide(q, self.pressure(queue_pressure), self.clock())
 
     def snapshot(self) -> dict[str, Any]:

@@ -29,15 +29,11 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from admission.tails import nearest_rank
 from taskserver.executors import _sleep_precisely
 from taskserver.service_time import ServiceSpec, make_distribution
 
 DEFAULT_DATA_DIR = Path("../shared/data/tailbench")
-
-
-def _quantile(xs: list[float], q: float) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(q * len(s)))]
 
 
 async def _plain(duration_s: float) -> None:
@@ -97,13 +93,14 @@ async def run(
         w.cancel()
     await asyncio.gather(*workers, return_exceptions=True)
     mean_drawn = statistics.fmean(drawn_all)
+    errors.sort()
     return {
         "tasks": len(errors),
         "mean_service_ms": mean_drawn * 1000,
-        "err_p50_ms": _quantile(errors, 0.5) * 1000,
-        "err_p99_ms": _quantile(errors, 0.99) * 1000,
+        "err_p50_ms": nearest_rank(errors, 50.0) * 1000,
+        "err_p99_ms": nearest_rank(errors, 99.0) * 1000,
         "err_max_ms": max(errors) * 1000,
-        "p99_share": _quantile(errors, 0.99) / mean_drawn,
+        "p99_share": nearest_rank(errors, 99.0) / mean_drawn,
         "cpu_us_per_task": cpu / len(errors) * 1e6,
         "cpu_share": cpu / wall,
     }

@@ -20,6 +20,7 @@ import json
 import math
 import os
 import secrets
+import selectors
 import signal
 import subprocess
 import sys
@@ -32,6 +33,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 
+from admission.tails import nearest_rank
 from loadtests.live_plan import live_gateway_toml, plan_queries, process_counts
 from loadtests.sim.engine import SimResult, simulate
 from loadtests.sim.report import Report, report
@@ -87,20 +89,26 @@ def _cpu_s(pid: int) -> float:
 
 
 def _start(argv: list[str], env: dict[str, str], lines: int) -> tuple[subprocess.Popen, list]:
-    """Start a process and read its `lines` JSON announcements."""
+    """Start a process and read its `lines` JSON announcements, within START_TIMEOUT_S (a
+    child that hangs without a word is killed, not waited on forever)."""
     p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
-    out: list[dict[str, Any]] = []
-    deadline = time.monotonic() + START_TIMEOUT_S
     assert p.stdout is not None
-    while len(out) < lines:
-        if time.monotonic() > deadline or p.poll() is not None:
-            p.kill()
-            p.wait(5)
-            p.stdout.close()
-            raise RuntimeError(f"{argv[4:7]} did not start (exit {p.poll()})")
-        line = p.stdout.readline()
-        if line:
-            out.append(json.loads(line))
+    out: list[dict[str, Any]] = []
+    buf = b""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    with selectors.DefaultSelector() as sel:
+        sel.register(p.stdout, selectors.EVENT_READ)
+        while len(out) < lines:
+            left = deadline - time.monotonic()
+            chunk = os.read(p.stdout.fileno(), 65536) if left > 0 and sel.select(left) else b""
+            if not chunk:
+                p.kill()
+                p.wait(5)
+                p.stdout.close()
+                raise RuntimeError(f"{argv[4:7]} did not start (exit {p.returncode})")
+            buf += chunk
+            *done, buf = buf.split(b"\n")
+            out += [json.loads(line) for line in done if line.strip()]
     return p, out
 
 
@@ -250,11 +258,11 @@ async def _replay(
     answered: dict[int, int] = {}
     for s in statuses:
         answered[s] = answered.get(s, 0) + 1
-    lateness = np.sort(np.asarray(late) * 1000.0)
-    p99 = float(lateness[min(len(lateness) - 1, math.ceil(0.99 * len(lateness)) - 1)])
+    lateness = sorted(x * 1000.0 for x in late)
+    p99 = nearest_rank(lateness, 99.0)
     min_slo_ms = min(c.slo_ms for c in scn.classes) * scale
     live = report(_live_result(scn, load, policy, plan, answers, scale))
-    sim = report(simulate(replace(scn, run=replace(scn.run, queries=len(plan))), load))
+    sim = report(simulate(scn, load))  # the plan is this scenario's workload at this load
     return LiveRun(
         live=live,
         sim=sim,
@@ -262,7 +270,7 @@ async def _replay(
         sent=len(plan),
         answered=answered,
         lateness_p99_ms=p99,
-        lateness_max_ms=float(lateness[-1]),
+        lateness_max_ms=lateness[-1],
         gateway_cpu_share=cpu[0] / wall,
         servers_cpu_share=sum(cpu[1:]) / wall,
         wall_s=wall,

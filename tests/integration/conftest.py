@@ -64,6 +64,12 @@ async def register(
     await wait_until(lambda s: s["state"] == "up", http, gw, ts.info["server_id"])
 
 
+async def server_views(http: aiohttp.ClientSession, url: str) -> dict[str, dict[str, Any]]:
+    """GET /v1/servers: every server's view, by id."""
+    async with http.get(url + "/v1/servers") as resp:
+        return {s["id"]: s for s in (await resp.json())["servers"]}
+
+
 async def wait_until(
     pred: Callable[[dict[str, Any]], bool],
     http: aiohttp.ClientSession,

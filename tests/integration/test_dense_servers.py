@@ -3,22 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import aiohttp
 import pytest
 
-from tests.integration.conftest import Cluster, query, wait_until
+from tests.integration.conftest import Cluster, query, server_views, wait_until
 from tests.integration.harness import start_cli
 
 pytestmark = pytest.mark.integration
 
 TOKEN = "tok-for-dense-servers"
-
-
-async def _servers(http: aiohttp.ClientSession, url: str) -> dict[str, dict[str, Any]]:
-    async with http.get(url + "/v1/servers") as r:
-        return {s["id"]: s for s in (await r.json())["servers"]}
 
 
 async def test_one_process_hosts_four_servers_that_register_serve_and_leave(
@@ -36,7 +30,7 @@ async def test_one_process_hosts_four_servers_that_register_serve_and_leave(
     ids = [f"dense-{i}" for i in range(1, 5)]
     for sid in ids:
         await wait_until(lambda s: s["state"] == "up", http, gw, sid)
-    servers = await _servers(http, gw.url)
+    servers = await server_views(http, gw.url)
     assert len({servers[s]["address"] for s in ids}) == 4  # a listener each
     status, body, _ = await query(
         http, gw, {"class": "B", "targets": {"pool": "default", "all": True}}
@@ -47,10 +41,10 @@ async def test_one_process_hosts_four_servers_that_register_serve_and_leave(
     dense.popen.send_signal(15)
     assert await asyncio.to_thread(dense.popen.wait, 10) == 0
     for _ in range(100):
-        if not set(ids) & set(await _servers(http, gw.url)):
+        if not set(ids) & set(await server_views(http, gw.url)):
             break
         await asyncio.sleep(0.05)
-    assert not set(ids) & set(await _servers(http, gw.url))
+    assert not set(ids) & set(await server_views(http, gw.url))
 
 
 def test_count_is_checked_and_not_mixed_with_one_address(cluster: Cluster) -> None:
