@@ -49,6 +49,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import logging
 import secrets
 import time
 from collections.abc import Callable, Mapping
@@ -105,6 +106,8 @@ FAILED = "(failed)"
 _PARSE_IN_THREAD_BYTES = 64 * 1024
 # ... and those dropped by a later stage (which counts the drop at its own module).
 LATER_STAGE = "(later stage)"
+
+log = logging.getLogger(__name__)
 
 
 class PipelineExecutor(Executor):
@@ -165,6 +168,15 @@ class PipelineExecutor(Executor):
                 adapt_durations=knobs.adapt_durations,
             )
             self._downstream[m.id] = {x for p in graph.downstream_paths(m.id) for x in p}
+        for worker in self.workers.values():
+            seconds = worker.warm_up()
+            if seconds is not None:
+                log.info(
+                    "module %s warmed up on %s in %.3f s",
+                    worker.module.label,
+                    worker.runner.provider,
+                    seconds,
+                )
         self.metrics = PardMetrics(knobs.metrics_window_s)
         self.cancelled = 0
         self.failures = 0

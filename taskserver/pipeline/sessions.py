@@ -8,6 +8,7 @@ PipelineConfigError while loading and InferenceFailed while running.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -106,15 +107,33 @@ class OnnxModel:
         options.add_session_config_entry(
             "session.intra_op.allow_spinning", "1" if allow_spinning else "0"
         )
-        try:
-            self._session: Any = ort.InferenceSession(
-                str(module.model), sess_options=options, providers=list(providers)
-            )
-        except Exception as exc:  # onnxruntime raises its own pybind types: translate all
-            raise PipelineConfigError(
-                f"module {module.label} model: cannot load {module.model}: {exc}"
-            ) from exc
+
+        def load() -> Any:
+            try:
+                return ort.InferenceSession(
+                    str(module.model), sess_options=options, providers=list(providers)
+                )
+            except Exception as exc:  # onnxruntime raises its own pybind types: translate all
+                raise PipelineConfigError(
+                    f"module {module.label} model: cannot load {module.model}: {exc}"
+                ) from exc
+
+        self._session: Any = load()
         self.provider: str = self._session.get_providers()[0]
+        # On CUDA, one session per feasible batch size, each always run with one shape.
+        # onnxruntime's CUDA convolutions keep the set-up of the last input shape only: a
+        # session that sees batch 32 and then batch 1 sets up again, 60-540 ms per module
+        # on an H200 (cuDNN's exhaustive algorithm search; 15-230 ms with the heuristic
+        # one) where the run itself takes 0.3-2 ms. So a module that batches dynamically
+        # paid that on most batches. A short batch is padded to the next feasible size
+        # (a few hundred µs more on a GPU, where batch 32 costs ~2-6x batch 1), as fixed
+        # batch shapes are served on GPUs elsewhere. The CPU provider sets up per run at
+        # no such cost, so it keeps one session and runs batches at their own size.
+        self._by_size: dict[int, Any] = {}
+        if self.provider == CUDA:
+            sizes = module.batch_sizes
+            self._by_size = {size: load() for size in sizes[1:]}
+            self._by_size[sizes[0]] = self._session
         inputs = self._session.get_inputs()
         if len(inputs) != 1:
             names = [i.name for i in inputs]
@@ -136,10 +155,35 @@ class OnnxModel:
             self.input_shape = tuple(dims)
         self.output_name: str = self._session.get_outputs()[0].name
 
+    def warm_up(self) -> float:
+        """Run the session once per batch size it will see; the seconds it took.
+
+        The first run of a shape pays the provider's lazy set-up: on CUDA, memory arenas
+        and cuDNN's algorithm search, 0.6 s for object detection's first batch on an H200
+        where a warm batch takes 0.4 ms. Paid by a request, that is a drop (PARD sees a
+        module 1,000x slower than its profile) and a duration scale learnt from an outlier.
+        So a server pays it before it takes tasks, as Triton's model warm-up does: on
+        CUDA every feasible batch size (each its own kernels), on the CPU the smallest.
+        """
+        sizes = self.module.batch_sizes if self.provider == CUDA else self.module.batch_sizes[:1]
+        start = time.perf_counter()
+        for size in sizes:
+            self.run(np.zeros((size, *self.input_shape), dtype=self.input_dtype))
+        return time.perf_counter() - start
+
     def run(self, batch: np.ndarray) -> np.ndarray:
         """Run one batch; InferenceFailed on any onnxruntime error."""
+        n = len(batch)
+        session = self._session
+        if self._by_size:
+            size = next((b for b in self.module.batch_sizes if b >= n), None)
+            if size is not None:  # beyond the largest feasible size: the first session
+                session = self._by_size[size]
+                if size > n:
+                    pad = np.zeros((size - n, *batch.shape[1:]), dtype=batch.dtype)
+                    batch = np.concatenate([batch, pad])
         try:
-            return self._session.run([self.output_name], {self.input_name: batch})[0]
+            return session.run([self.output_name], {self.input_name: batch})[0][:n]
         except Exception as exc:  # onnxruntime's pybind errors: translate at the boundary
             raise InferenceFailed(f"module {self.module.label}: inference failed: {exc}") from exc
 

@@ -137,3 +137,58 @@ def test_export_rejects_an_unknown_model(capsys: pytest.CaptureFixture[str]) -> 
         main(["--check", "no_such_model"])
     assert exc.value.code == 2
     assert "unknown model(s) no_such_model" in capsys.readouterr().err
+
+
+class _CountingSession:
+    """An InferenceSession's stand-in that records the batch shapes it is run with."""
+
+    def __init__(self, inner: object) -> None:
+        self.inner = inner
+        self.shapes: list[tuple[int, ...]] = []
+
+    def run(self, outputs: list[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        (batch,) = feeds.values()
+        self.shapes.append(batch.shape)
+        return self.inner.run(outputs, feeds)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("provider", "expected"), [("CPUExecutionProvider", [1]), ("CUDAExecutionProvider", [1, 2, 4])]
+)
+def test_warm_up_runs_the_batch_sizes_the_provider_compiles_for(
+    provider: str, expected: list[int]
+) -> None:
+    from taskserver.pipeline.config import ModuleConfig
+    from taskserver.pipeline.sessions import OnnxModel
+
+    card = CATALOG["eye_tracking"]
+    module = ModuleConfig(id="1", name="eye_tracking", model=card.path, batch_sizes=(1, 2, 4))
+    model = OnnxModel(module, ["CPUExecutionProvider"])
+    counting = _CountingSession(model._session)
+    model._session = counting
+    # Which sizes are warmed follows the provider the session got (CUDA: one set of kernels
+    # per shape); the runs themselves are real CPU inference here.
+    model.provider = provider
+    assert model.warm_up() >= 0.0
+    assert [shape[0] for shape in counting.shapes] == expected
+    assert all(shape[1:] == model.input_shape for shape in counting.shapes)
+
+
+def test_a_short_batch_runs_padded_on_the_session_of_the_next_feasible_size() -> None:
+    from taskserver.pipeline.config import ModuleConfig
+    from taskserver.pipeline.sessions import OnnxModel
+
+    card = CATALOG["eye_tracking"]
+    module = ModuleConfig(id="1", name="eye_tracking", model=card.path, batch_sizes=(1, 2, 4))
+    model = OnnxModel(module, ["CPUExecutionProvider"])
+    assert model._by_size == {}  # the CPU provider: one session, batches at their own size
+    # As on CUDA: one session per feasible size (real CPU sessions behind the counters).
+    by_size = {b: _CountingSession(model._session) for b in (1, 2, 4)}
+    model._by_size = by_size
+    batch = _images(card, 3)
+    out = model.run(batch)
+    assert [s.shapes for s in by_size.values()] == [[], [], [(4, *card.input_shape)]]
+    assert out.shape[0] == 3
+    np.testing.assert_allclose(out, model._session.run(None, {INPUT_NAME: batch})[0], rtol=1e-5)
+    # a batch beyond the largest feasible size runs on the first session, unpadded
+    assert model.run(_images(card, 5)).shape[0] == 5
