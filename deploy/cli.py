@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import selectors
 import signal
 import sys
 from collections.abc import Coroutine, Sequence
@@ -24,11 +25,19 @@ if TYPE_CHECKING:
 log = logging.getLogger("tailgate")
 
 
-def run_async(main: Coroutine[Any, Any, None], stop: asyncio.Event | None = None) -> None:
+def run_async(
+    main: Coroutine[Any, Any, None],
+    stop: asyncio.Event | None = None,
+    *,
+    select_loop: bool = False,
+) -> None:
     """Run a service coroutine on uvloop when installed; SIGINT/SIGTERM stop it cleanly.
 
     With `stop`, the first signal sets it (the service drains and returns) and a second one
-    cancels at once; without, the first signal cancels.
+    cancels at once; without, the first signal cancels. `select_loop` runs it on asyncio's
+    loop over select() instead, whose timers wake to the microsecond where epoll's and
+    uvloop's round up to whole milliseconds (for emulated service times; select() takes
+    descriptors below 1024 only).
     """
 
     async def guarded() -> None:
@@ -49,6 +58,12 @@ def run_async(main: Coroutine[Any, Any, None], stop: asyncio.Event | None = None
         with contextlib.suppress(asyncio.CancelledError):
             await main
 
+    if select_loop:
+        with asyncio.Runner(
+            loop_factory=lambda: asyncio.SelectorEventLoop(selectors.SelectSelector())
+        ) as runner:
+            runner.run(guarded())
+        return
     try:
         import uvloop
     except ImportError:
@@ -181,7 +196,10 @@ def cmd_taskserver(args: argparse.Namespace) -> int:
     stop = asyncio.Event()
     try:
         if len(configs) > 1:
-            run_async(serve_many(configs, ready=_announce, stop=stop), stop)
+            # Dense emulated servers sleep their service times: on a select() loop those
+            # sleeps are exact (see taskserver.executors), up to DENSE_SELECT_MAX servers.
+            dense = serve_many(configs, ready=_announce, stop=stop)
+            run_async(dense, stop, select_loop=len(configs) <= DENSE_SELECT_MAX)
         else:
             run_async(serve(cfg, ready=_announce, executor=executor, stop=stop), stop)
     except OSError as exc:  # a port taken or not bindable: one line, as for the edge agent
@@ -221,6 +239,12 @@ def up_edge_agents(given: int | None, cfg: Any) -> int:
         return given
     return UP_EDGE_AGENTS if cfg.gateway.pool_named("edge") is not None else 0
 
+
+DENSE_SELECT_MAX = 200
+"""Most servers of one `--count` process on a select() loop. select() takes descriptors
+below 1024 only; a server holds about two (its listener and the gateway's link: 55 for a
+process of 25 in a live replay). Above it, the process runs on uvloop and the emulated
+sleeps poll their last millisecond instead."""
 
 PIPELINE_SLOTS = 256
 """Default slots of a pipeline task server (well above the largest batch size)."""

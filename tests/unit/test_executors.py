@@ -118,3 +118,34 @@ async def test_service_ms_on_gives_each_server_its_own_time():
     bad = json.dumps({"service_ms_on": {"ts-1": -1}}).encode()
     with pytest.raises(ExecutorError, match="service_ms must be a number >= 0, got -1"):
         await make_executor(server_id="ts-1").execute(bad)
+
+
+def test_a_payload_repeated_in_a_process_is_parsed_once_and_errors_still_raise():
+    from taskserver.executors import _parse_payload
+
+    payload = json.dumps({"service_ms_on": {"ts-1": 2.0, "ts-2": 0.5}}).encode()
+    first = _parse_payload(payload)
+    assert _parse_payload(bytearray(payload)) is first  # the same bytes: the same request
+    other = json.dumps({"service_ms_on": {"ts-1": 1.0}}).encode()
+    assert _parse_payload(other) == {"service_ms_on": {"ts-1": 1.0}}
+    with pytest.raises(ExecutorError, match="must be a JSON object"):
+        _parse_payload(b"[1]")
+    with pytest.raises(ExecutorError, match="payload"):
+        _parse_payload(b"{bad")
+    assert _parse_payload(other) is not first
+
+
+def test_sleeps_end_early_only_on_loops_that_round_timeouts_to_milliseconds():
+    import asyncio
+    import selectors
+
+    from taskserver.executors import timer_margin_s
+
+    select_loop = asyncio.SelectorEventLoop(selectors.SelectSelector())
+    epoll_loop = asyncio.SelectorEventLoop(selectors.EpollSelector())
+    try:
+        assert timer_margin_s(select_loop) == 0.0
+        assert timer_margin_s(epoll_loop) == 0.001
+    finally:
+        select_loop.close()
+        epoll_loop.close()
