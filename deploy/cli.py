@@ -285,17 +285,32 @@ def _pipeline_executor(args: argparse.Namespace) -> Any:
 
 
 def cmd_edge_agent_run(args: argparse.Namespace) -> int:
-    """Run one edge agent (imports stay here: the agent's path must stay Pi-light)."""
+    """Run one edge agent, or --count of them in this process (imports stay here: the
+    agent's path must stay Pi-light)."""
     import os
 
-    from edge_agent.config import AgentConfigError, load_agent_config
+    from edge_agent.config import (
+        AgentConfigError,
+        dense_agent_configs,
+        load_agent_config,
+        option_of,
+    )
 
     try:
         cfg = load_agent_config(vars(args), os.environ)
     except AgentConfigError as exc:
         print(f"tailgate edge-agent run: {exc}", file=sys.stderr)
         return 2
-    from edge_agent.agent import run_agent, tune_malloc
+    if args.first is not None and args.count == 1:
+        print("tailgate edge-agent run: --first: only applies with --count > 1", file=sys.stderr)
+        return 2
+    try:
+        configs = dense_agent_configs(cfg, args.count, 1 if args.first is None else args.first)
+    except ValueError as exc:
+        name, _, message = str(exc).partition(": ")
+        print(f"tailgate edge-agent run: {option_of(name)}: {message}", file=sys.stderr)
+        return 2
+    from edge_agent.agent import run_agent, run_agents, tune_malloc
     from edge_agent.store import StoreError
 
     if args.exit_with_parent:
@@ -303,7 +318,13 @@ def cmd_edge_agent_run(args: argparse.Namespace) -> int:
     tune_malloc()  # before any thread starts: a Pi has little memory to lose to fragmentation
     stop = asyncio.Event()
     try:
-        run_async(run_agent(cfg, ready=_announce, stop=stop), stop)
+        if len(configs) > 1:
+            # Their sensing work is mostly a sleep of the profile's draw: on a select() loop
+            # those sleeps are exact to the microsecond, as for dense task servers.
+            dense = run_agents(configs, ready=_announce, stop=stop)
+            run_async(dense, stop, select_loop=len(configs) <= DENSE_SELECT_MAX)
+        else:
+            run_async(run_agent(cfg, ready=_announce, stop=stop), stop)
     except (StoreError, OSError) as exc:
         print(f"tailgate edge-agent run: {exc}", file=sys.stderr)
         return 1
@@ -351,6 +372,14 @@ def _add_edge_agent_parser(sub: Any) -> None:
     edge = p.add_subparsers(dest="edge_command", required=True)
     r = edge.add_parser("run", help="serve sensing tasks from the local sensor store")
     r.add_argument("--id", required=True, help="agent id the gateway knows it by")
+    r.add_argument(
+        "--count",
+        type=int,
+        default=1,
+        help="emulated agents in this process, ID-FIRST..ID-(FIRST+COUNT-1), each with its "
+        "own port, queue, slots, seed and registration, on one shared store (default 1)",
+    )
+    r.add_argument("--first", type=int, help="with --count: number of the first agent (1)")
     r.add_argument("--cluster", required=True, help="cluster (site) label, e.g. wet-lab")
     r.add_argument("--gateway", help="gateway URL to register with (default: do not register)")
     r.add_argument("--host", help="Thrift bind address (127.0.0.1)")
@@ -370,6 +399,15 @@ def _add_edge_agent_parser(sub: Any) -> None:
     r.add_argument("--slots", type=int, help="tasks served at once (1)")
     r.add_argument("--profile", help="emulated cluster: none, server-room, wet-lab, faculty, gta")
     r.add_argument("--seed", type=int, help="seed of simulated readings and profile draws (0)")
+    r.add_argument(
+        "--read-sample",
+        type=float,
+        help="share of range tasks that read the store; the rest sleep their profile draw "
+        "alone and answer without readings (1: every task reads; below 1 needs --profile)",
+    )
+    r.add_argument(
+        "--time-scale", type=float, help="factor on the profile's draws (1; needs --profile)"
+    )
     r.add_argument("--token-file", help="registration token file (else $TAILGATE_AGENT_TOKEN)")
     r.add_argument("--metrics-port", type=int, help="/metrics and /healthz port (0: none)")
     r.add_argument("--register-interval-s", type=float, help="heartbeat period (3)")

@@ -19,8 +19,13 @@ Errors::
           └── AgentConfigError  a bad option, named as on the command line
 """
 
-from edge_agent.agent import Sampler, build_reader, run_agent
-from edge_agent.config import AgentConfig, AgentConfigError, load_agent_config
+from edge_agent.agent import Sampler, build_reader, run_agent, run_agents
+from edge_agent.config import (
+    AgentConfig,
+    AgentConfigError,
+    dense_agent_configs,
+    load_agent_config,
+)
 from edge_agent.profiles import ServiceProfile, fit_profile, make_profile
 from edge_agent.readers import (
     CommandReader,
@@ -48,8 +53,10 @@ __all__ = [
     "UnknownSensor",
     "build_reader",
     "decode_series",
+    "dense_agent_configs",
     "fit_profile",
     "load_agent_config",
     "make_profile",
     "run_agent",
+    "run_agents",
 ]

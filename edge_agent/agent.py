@@ -7,6 +7,9 @@ told to stop (SIGTERM in the CLI: it drains first, see ``run_agent``). Reader an
 faults while sampling are logged and counted (the ``status`` sensing task shows the
 counts) and never stop the agent.
 
+``run_agents`` runs several agents in one process (a dense loopback testbed): each with
+its own identity, listener, queue and registration, all on one shared store.
+
 Errors: a StoreError from opening the store propagates (the CLI exits non-zero); so does
 an OSError from binding the Thrift port.
 """
@@ -17,7 +20,7 @@ import asyncio
 import ctypes
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
@@ -44,6 +47,7 @@ __all__ = [
     "SamplerStats",
     "build_reader",
     "run_agent",
+    "run_agents",
     "task_server_config",
     "tune_malloc",
 ]
@@ -221,6 +225,22 @@ def _metrics_registry(config: AgentConfig, sampler: Sampler) -> CollectorRegistr
     return registry
 
 
+def _executor(
+    config: AgentConfig, store: SensorStore, sampler: Sampler, clock: Callable[[], float]
+) -> SensingExecutor:
+    return SensingExecutor(
+        store,
+        agent_id=config.agent_id,
+        retention_s=config.retention_s,
+        profile=make_profile(config.profile),
+        seed=config.seed,
+        clock=clock,
+        stats=sampler.status,
+        read_sample=config.read_sample,
+        time_scale=config.time_scale,
+    )
+
+
 async def run_agent(
     config: AgentConfig,
     ready: Callable[[str], None] | None = None,
@@ -245,15 +265,7 @@ async def run_agent(
     sampler: Sampler | None = None
     try:
         sampler = Sampler(build_reader(config), store, clock=clock)
-        executor = SensingExecutor(
-            store,
-            agent_id=config.agent_id,
-            retention_s=config.retention_s,
-            profile=make_profile(config.profile),
-            seed=config.seed,
-            clock=clock,
-            stats=sampler.status,
-        )
+        executor = _executor(config, store, sampler, clock)
         log.info(
             "edge agent %s (cluster %s): store %s with sensors %s, reader %s, profile %s",
             config.agent_id,
@@ -283,3 +295,85 @@ async def run_agent(
         store.close()
         if sampler is not None:
             log.info("edge agent %s stopped: %s", config.agent_id, sampler.status())
+
+
+async def run_agents(
+    configs: Sequence[AgentConfig],
+    ready: Callable[[str], None] | None = None,
+    *,
+    clock: Callable[[], float] = time.time,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Run several agents in this event loop (`config.dense_agent_configs`) until `stop`.
+
+    Each agent has its own id, cluster, listener, queue, slots, profile draws and
+    registration, and announces itself on its own line, as a process of its own would. They
+    share the first config's store, and one sampler and one pruner keep it (a dense
+    testbed's agents read a store rather than own one). If one agent fails (a port taken),
+    the others are stopped and drained, and its error is raised.
+    """
+    if not configs:
+        raise ValueError("configs: need at least one agent")
+    first = configs[0]
+    if len({c.database for c in configs}) != 1:
+        raise ValueError("configs: dense agents share one store; they name several")
+    stop = asyncio.Event() if stop is None else stop
+    loop = asyncio.get_running_loop()
+    loop.set_default_executor(ThreadPoolExecutor(max_workers=4, thread_name_prefix="edge-io"))
+    store = await asyncio.to_thread(SensorStore, first.database)
+    background: list[asyncio.Task[None]] = []
+    tasks: list[asyncio.Task[None]] = []
+    # One stop per agent: the relay drains them all; a failing one stops only its own.
+    stops = [asyncio.Event() for _ in configs]
+
+    async def relay() -> None:
+        await stop.wait()
+        for s in stops:
+            s.set()
+
+    try:
+        sampler = Sampler(build_reader(first), store, clock=clock)
+        background += [
+            loop.create_task(sampler.run(first.sample_interval_s)),
+            loop.create_task(
+                _prune_forever(store, first.retention_s, first.prune_interval_s, clock)
+            ),
+            loop.create_task(relay()),
+        ]
+        log.info(
+            "%d edge agents %s..%s (cluster %s) in one process on store %s, profile %s, "
+            "read sample %g, time scale %g",
+            len(configs),
+            first.agent_id,
+            configs[-1].agent_id,
+            ", ".join(dict.fromkeys(c.cluster for c in configs)),
+            store,
+            ", ".join(dict.fromkeys(c.profile for c in configs)),
+            first.read_sample,
+            first.time_scale,
+        )
+        tasks += [
+            loop.create_task(
+                serve(
+                    task_server_config(c),
+                    ready,
+                    executor=_executor(c, store, sampler, clock),
+                    registry=_metrics_registry(c, sampler),
+                    stop=s,
+                )
+            )
+            for c, s in zip(configs, stops, strict=True)
+        ]
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        failed = [t for t in done if not t.cancelled() and t.exception() is not None]
+        if failed:
+            stop.set()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise failed[0].exception()  # type: ignore[misc]
+        await asyncio.gather(*tasks)
+        log.info("%d edge agents stopped: %s", len(configs), sampler.status())
+    finally:
+        for task in (*tasks, *background):
+            task.cancel()
+        await asyncio.gather(*tasks, *background, return_exceptions=True)
+        store.close()

@@ -11,6 +11,7 @@ Errors::
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Mapping
@@ -28,6 +29,7 @@ __all__ = [
     "READERS",
     "AgentConfig",
     "AgentConfigError",
+    "dense_agent_configs",
     "load_agent_config",
     "option_of",
     "parse_interval",
@@ -96,6 +98,10 @@ class AgentConfig:
     """Seed of the simulated readings and the profile's delay draws."""
     profile: str = "none"
     """Heterogeneity emulation: none, server-room, wet-lab, faculty or gta."""
+    read_sample: float = 1.0
+    """Share of range tasks that read the store; the rest only sleep their profile draw."""
+    time_scale: float = 1.0
+    """Factor on the profile's draws (a testbed run s times slower than the Pis it emulates)."""
     metrics_port: int = 0
     """HTTP port for /metrics and /healthz (0: none, and prometheus_client is not loaded)."""
     register_interval_s: float = 3.0
@@ -143,6 +149,14 @@ class AgentConfig:
         if self.profile not in PROFILE_NAMES:
             names = ", ".join(PROFILE_NAMES)
             raise ValueError(f"profile: must be one of {names}, got {self.profile!r}")
+        if not 0.0 <= self.read_sample <= 1.0:
+            raise ValueError(f"read_sample: must be in [0, 1], got {self.read_sample}")
+        _positive("time_scale", self.time_scale)
+        if self.profile == "none" and (self.read_sample < 1.0 or self.time_scale != 1.0):
+            raise ValueError(
+                "profile: read_sample below 1 and time_scale need a cluster profile "
+                "(server-room, wet-lab, faculty or gta) to draw service times from"
+            )
 
     @property
     def database(self) -> str:
@@ -153,6 +167,39 @@ class AgentConfig:
     def retention_s(self) -> float:
         """The retention in seconds."""
         return self.retention_days * 86_400.0
+
+
+def dense_agent_configs(config: AgentConfig, count: int, first: int = 1) -> list[AgentConfig]:
+    """`count` agents from one config, to run in one process (`edge_agent.run_agents`).
+
+    Agent i (from 0) is ``<agent_id>-<first + i>`` with its own listener (``port + i``, or
+    any free port with port 0), its own metrics port when one is set and its own seed
+    (``seed + i``: its own profile draws); each registers on its own, as a process of its
+    own would. They share one store: the config's (``edge-agent-<agent_id>.db`` by
+    default). With count 1 the config is returned unchanged.
+    """
+    for name, value, least in (("count", count, 1), ("first", first, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ValueError(f"{name}: must be an integer >= {least}, got {value!r}")
+    if count == 1:
+        return [config]
+    if config.advertise is not None:
+        raise ValueError("count: --advertise names one address; it cannot serve several agents")
+    last_port = config.port + count - 1 if config.port else 0
+    last_metrics = config.metrics_port + count - 1 if config.metrics_port else 0
+    if max(last_port, last_metrics) > 65535:
+        raise ValueError(f"count: {count} agents from port {config.port} run past 65535")
+    return [
+        dataclasses.replace(
+            config,
+            agent_id=f"{config.agent_id}-{first + i}",
+            port=config.port + i if config.port else 0,
+            metrics_port=config.metrics_port + i if config.metrics_port else 0,
+            seed=config.seed + i,
+            db=config.database,
+        )
+        for i in range(count)
+    ]
 
 
 def _positive(name: str, value: float) -> None:

@@ -27,6 +27,15 @@ resolution; "21.40" is a JSON number). ``decode_series`` turns a series back int
 
 Latest result: ``{"agent", "op": "latest", "sensor", "ts": ISO or null, "value"}``.
 
+Sampled reads (dense testbeds): with ``read_sample`` below 1 and a profile, only that
+share of range tasks reads the store; the others are checked as usual (sensors, start,
+end), sleep their profile draw and answer without readings::
+
+    {"agent": "pi-3", "op": "range", "start": "...Z", "end": "...Z", "emulated": true}
+
+so many emulated agents can share one process and one store while the read path stays
+exercised. The ``status`` task counts both kinds (``real_reads``, ``emulated_reads``).
+
 Errors::
 
     taskserver.executors.ExecutorError   a bad parameter, the message naming the field
@@ -153,7 +162,15 @@ class SensingExecutor(Executor):
         stats: Callable[[], dict[str, Any]] | None = None,
         max_rows: int = 1_000_000,
         decimals: int = 2,
+        read_sample: float = 1.0,
+        time_scale: float = 1.0,
     ) -> None:
+        if not 0.0 <= read_sample <= 1.0:
+            raise ValueError(f"read_sample: must be in [0, 1], got {read_sample}")
+        if not (time_scale > 0 and math.isfinite(time_scale)):
+            raise ValueError(f"time_scale: must be a finite number > 0, got {time_scale}")
+        if profile is None and (read_sample < 1.0 or time_scale != 1.0):
+            raise ValueError("profile: read_sample and time_scale need a profile to draw from")
         self.store = store
         self.agent_id = agent_id
         self.retention_s = retention_s
@@ -162,7 +179,15 @@ class SensingExecutor(Executor):
         self.stats = stats
         self.max_rows = max_rows
         self.decimals = decimals
+        self.read_sample = read_sample
+        self.time_scale = time_scale
+        self.real_reads = 0
+        """Range tasks answered from the store."""
+        self.emulated_reads = 0
+        """Range tasks answered by their profile draw alone (see read_sample)."""
         self._rng = random.Random(seed)
+        # A stream of its own: the profile's draws are the same whatever the share.
+        self._sample_rng = random.Random(None if seed is None else f"read-sample-{seed}")
 
     async def execute(self, payload: bytes, *, budget_ms: float | None = None) -> bytes:
         request = _parse(payload)
@@ -172,11 +197,20 @@ class SensingExecutor(Executor):
         if op == "status":
             return await asyncio.to_thread(self._status)
         started = time.perf_counter()
-        drawn_ms = self.profile.sample_ms(self._rng) if self.profile is not None else 0.0
+        drawn_ms = (
+            self.profile.sample_ms(self._rng) * self.time_scale if self.profile is not None else 0.0
+        )
         if op == "range":
             sensors = _sensors(request)
             start_s, end_s = self._window(request)
+            if self.read_sample < 1.0 and self._sample_rng.random() >= self.read_sample:
+                result = self._emulated_range(sensors, start_s, end_s)
+                self.emulated_reads += 1
+                # The draw less the checks so far, on a plain timer: nothing spins.
+                await asyncio.sleep(max(0.0, drawn_ms / 1000.0 - (time.perf_counter() - started)))
+                return result
             result = await asyncio.to_thread(self._range, sensors, start_s, end_s)
+            self.real_reads += 1
         elif op == "latest":
             sensor = _sensor(request)
             result = await asyncio.to_thread(self._latest, sensor)
@@ -235,6 +269,21 @@ class SensingExecutor(Executor):
         text = json.dumps(head, separators=(",", ":"))[:-1] + ',"series":{' + series + "}}"
         return text.encode()
 
+    def _emulated_range(self, sensors: list[str], start_s: int, end_s: int) -> bytes:
+        """A range task's answer without its readings; an unknown sensor fails as a read would."""
+        known = self.store.sensor_names()
+        for name in sensors:
+            if name not in known:
+                raise ExecutorError(f"sensor: {UnknownSensor(name, known)}")
+        result = {
+            "agent": self.agent_id,
+            "op": "range",
+            "start": iso(start_s),
+            "end": iso(end_s),
+            "emulated": True,
+        }
+        return json.dumps(result, separators=(",", ":")).encode()
+
     def _latest(self, sensor: str) -> bytes:
         try:
             row = self.store.latest(sensor)
@@ -264,6 +313,8 @@ class SensingExecutor(Executor):
             "retention_days": self.retention_s / DAY_S,
             "horizon": iso(math.ceil(self.clock() - self.retention_s)),
             "profile": self.profile.name if self.profile is not None else "none",
+            "real_reads": self.real_reads,
+            "emulated_reads": self.emulated_reads,
         }
         if self.stats is not None:
             result.update(self.stats())

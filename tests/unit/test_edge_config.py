@@ -14,6 +14,7 @@ from edge_agent.config import (
     ENV_TOKEN,
     AgentConfig,
     AgentConfigError,
+    dense_agent_configs,
     load_agent_config,
     parse_interval,
     parse_sensors,
@@ -97,6 +98,10 @@ def test_token_comes_from_the_environment_when_no_file(tmp_path: Path) -> None:
         ({"policy": "lifo"}, "--policy: must be one of tf-edfq"),
         ({"slots": 0}, "--slots: must be >= 1, got 0"),
         ({"profile": "attic"}, "--profile: must be one of none, server-room"),
+        ({"profile": "gta", "read_sample": 1.5}, "--read-sample: must be in [0, 1], got 1.5"),
+        ({"profile": "gta", "time_scale": 0.0}, "--time-scale: must be a finite number > 0"),
+        ({"read_sample": 0.1}, "--profile: read_sample below 1 and time_scale need a cluster"),
+        ({"time_scale": 2.0}, "--profile: read_sample below 1 and time_scale need a cluster"),
         ({"token_file": "/nonexistent/token"}, "--token-file: cannot read /nonexistent/token"),
     ],
 )
@@ -171,6 +176,13 @@ def test_cli_seed_prints_rows_and_rate(tmp_path: Path, capsys: pytest.CaptureFix
         (["seed", "--db", "x.db", "--sensors", "co2"], "--sensors: the simulated reader knows"),
         (["run", "--id", "a", "--cluster", "c", "--profile", "x"], "--profile: must be one of"),
         (["run", "--id", "a", "--cluster", "c", "--slots", "0"], "--slots: must be >= 1"),
+        (["run", "--id", "a", "--cluster", "c", "--count", "0"], "--count: must be an integer"),
+        (["run", "--id", "a", "--cluster", "c", "--first", "3"], "--first: only applies with"),
+        (
+            ["run", "--id", "a", "--cluster", "c", "--count", "2", "--advertise", "h:1"],
+            "--count: --advertise names one address",
+        ),
+        (["run", "--id", "a" * 62, "--cluster", "c", "--count", "20"], "--id: must match"),
     ],
 )
 def test_cli_bad_options_exit_2_naming_the_option(
@@ -199,3 +211,26 @@ def test_a_token_the_gateway_would_refuse_is_refused_at_start(tmp_path: Path) ->
     f.write_text("caf\u00e9\n")
     with pytest.raises(AgentConfigError, match="--token-file: token: must be"):
         load_agent_config({"token_file": str(f)}, {})
+
+
+def test_dense_agents_each_have_an_identity_port_and_seed_and_share_one_store() -> None:
+    base = AgentConfig(agent_id="edge", cluster="gta", port=9300, metrics_port=9400, seed=5)
+    agents = dense_agent_configs(base, 3, first=9)
+    assert [a.agent_id for a in agents] == ["edge-9", "edge-10", "edge-11"]
+    assert [a.port for a in agents] == [9300, 9301, 9302]
+    assert [a.metrics_port for a in agents] == [9400, 9401, 9402]
+    assert [a.seed for a in agents] == [5, 6, 7]
+    assert {a.database for a in agents} == {"edge-agent-edge.db"}
+    assert {a.cluster for a in agents} == {"gta"}
+    free = dense_agent_configs(AgentConfig(agent_id="e", port=0), 2)
+    assert [(a.agent_id, a.port, a.metrics_port) for a in free] == [("e-1", 0, 0), ("e-2", 0, 0)]
+    assert dense_agent_configs(base, 1) == [base]  # one agent: the config unchanged
+
+
+def test_dense_agents_bad_counts_are_named() -> None:
+    with pytest.raises(ValueError, match="count: must be an integer >= 1, got 0"):
+        dense_agent_configs(AgentConfig(), 0)
+    with pytest.raises(ValueError, match="first: must be an integer >= 0, got -1"):
+        dense_agent_configs(AgentConfig(), 2, first=-1)
+    with pytest.raises(ValueError, match="count: 3 agents from port 65534 run past 65535"):
+        dense_agent_configs(AgentConfig(port=65534), 3)

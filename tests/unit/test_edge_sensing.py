@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import time
 from array import array
 from typing import Any
@@ -186,3 +187,55 @@ def test_parse_time_forms() -> None:
             parse_time(bad, "end")
     with pytest.raises(ExecutorError, match=r"^start: must be an ISO 8601 timestamp, got None"):
         parse_time(None, "start")
+
+
+def _week_payload(**kw: Any) -> dict[str, Any]:
+    return {"op": "range", "sensor": "temperature", "start": NOW - 8 * DAY, "end": NOW - DAY} | kw
+
+
+async def test_unsampled_range_tasks_sleep_the_scaled_draw_and_answer_without_readings(
+    store: SensorStore,
+) -> None:
+    profile = fit_profile("test", 40.0, 60.0, 70.0, floor_ratio=0.5)
+    executor = make_executor(store, profile=profile, seed=5, read_sample=0.0, time_scale=2.0)
+    t0 = time.perf_counter()
+    result = await run(executor, **_week_payload())
+    elapsed = time.perf_counter() - t0
+    assert result == {
+        "agent": "pi-7",
+        "op": "range",
+        "start": iso(NOW - 8 * DAY),
+        "end": iso(NOW - DAY),
+        "emulated": True,
+    }
+    # The draw, doubled: a lower bound only (a loaded machine runs the loop late).
+    assert elapsed >= 2 * profile.quantile_ms(0.0) / 1000 * 0.95
+    # Parameters are still checked as for a real read.
+    with pytest.raises(ExecutorError, match="sensor: unknown sensor 'pressure'"):
+        await run(executor, **_week_payload(sensor="pressure"))
+    with pytest.raises(ExecutorError, match="end: must be after start"):
+        await run(executor, **_week_payload(end=NOW - 9 * DAY))
+    status = await run(executor, op="status")
+    assert (status["real_reads"], status["emulated_reads"]) == (0, 1)
+
+
+async def test_a_sample_of_range_tasks_reads_the_store(store: SensorStore) -> None:
+    profile = fit_profile("fast", 0.2, 0.4, 0.5, floor_ratio=0.5)  # sub-ms draws: a quick test
+    executor = make_executor(store, profile=profile, seed=3, read_sample=0.25)
+    results = [await run(executor, **_week_payload()) for _ in range(80)]
+    real = [r for r in results if "series" in r]
+    assert len(real) == executor.real_reads and executor.emulated_reads == 80 - len(real)
+    assert 5 <= len(real) <= 40  # 20 expected
+    assert all(r["series"]["temperature"]["count"] == 7 * 288 for r in real)
+    # The share draws from a stream of its own: the profile's draws are those of the seed.
+    reference = random.Random(3)
+    for _ in range(80):
+        reference.random()
+    assert executor._rng.random() == reference.random()
+
+
+def test_sampling_and_scaling_need_a_profile(store: SensorStore) -> None:
+    with pytest.raises(ValueError, match="read_sample and time_scale need a profile"):
+        make_executor(store, read_sample=0.5)
+    with pytest.raises(ValueError, match="read_sample: must be in"):
+        make_executor(store, profile=fit_profile("t", 40.0, 60.0, 70.0), read_sample=-0.1)
