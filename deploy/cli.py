@@ -477,6 +477,10 @@ def cmd_up(args: argparse.Namespace) -> int:
         edge_data=args.edge_data,
         edge_months=args.edge_months,
         edge_profiles=args.edge_profiles,
+        agents_per_process=args.agents_per_process,
+        edge_read_sample=args.edge_read_sample,
+        edge_time_scale=args.edge_time_scale,
+        edge_seed=args.edge_seed,
     )
     try:
         opts.validate()
@@ -613,6 +617,33 @@ def build_parser(*, light: bool = False) -> argparse.ArgumentParser:
         dest="edge_profiles",
         action="store_false",
         help="do not emulate the four clusters' latency profiles",
+    )
+    p.add_argument(
+        "--agents-per-process",
+        type=int,
+        default=1,
+        help="dense edge agents: up to this many agents of one cluster per process, "
+        "each with its own id, port, queue and registration, on one shared store (1)",
+    )
+    p.add_argument(
+        "--edge-read-sample",
+        type=float,
+        default=1.0,
+        help="share of the agents' range tasks that read the store; the rest sleep their "
+        "cluster profile's draw and answer without readings (1)",
+    )
+    p.add_argument(
+        "--edge-time-scale",
+        type=float,
+        default=1.0,
+        help="run the edge testbed this many times slower: agents' draws, class SLOs, grace "
+        "and the edge pool's prior are all multiplied by it (1)",
+    )
+    p.add_argument(
+        "--edge-seed",
+        type=int,
+        default=1,
+        help="seed of the agents' profile draws (1: agent i draws with seed i)",
     )
     p.set_defaults(func=cmd_up)
 

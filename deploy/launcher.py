@@ -9,6 +9,12 @@ Edge agents are real ``tailgate edge-agent run`` processes, each on its own sens
 store in ``--edge-data`` (seeded with ``--edge-months`` of simulated readings the
 first time, reused afterwards), in four clusters of the Sensing-as-a-Service
 testbed whose latency profiles emulate the paper's heterogeneous Pis on loopback.
+With ``--agents-per-process N`` they are dense: one ``edge-agent run --count N``
+process hosts up to N agents of one cluster (each with its own id, listener, queue and
+registration), all on the store of its first agent, and with ``--edge-read-sample``
+below 1 only that share of their range tasks reads it (the rest sleep their profile
+draw). ``--edge-time-scale s`` runs the whole testbed s times slower: the agents' draws,
+the classes' SLOs, the grace and the edge pool's prior are all multiplied by s.
 
 ``ChildSupervisor`` watches every child and applies ``deploy.supervisor``'s restart policy:
 during start-up a child that exits is fatal (``up`` exits 1 naming it: a child that cannot
@@ -76,6 +82,14 @@ class UpOptions:
     """Months of readings seeded into a new store."""
     edge_profiles: bool = True
     """Emulate each cluster's latency profile (the SaaS testbed's heterogeneity)."""
+    agents_per_process: int = 1
+    """Edge agents one process hosts (``edge-agent run --count``); 1: a process each."""
+    edge_read_sample: float = 1.0
+    """Share of the agents' range tasks that read the store (the rest sleep their draw)."""
+    edge_time_scale: float = 1.0
+    """Time scale of the edge testbed: agents' draws, class SLOs, grace and edge prior x it."""
+    edge_seed: int = 1
+    """Seed of the agents' profile draws: agent i (from 0) gets i + 1 + 1000 (edge_seed - 1)."""
     pipeline_servers: int = 0
     """Task servers running an ONNX inference pipeline, in pool "pipeline"."""
     pipeline: str = "traffic"
@@ -108,6 +122,21 @@ class UpOptions:
             raise ValueError(f"--slots: must be >= 1, got {self.slots}")
         if not 1 <= self.edge_months <= 120:
             raise ValueError(f"--edge-months: must be 1..120, got {self.edge_months}")
+        if not 1 <= self.agents_per_process <= 512:
+            raise ValueError(f"--agents-per-process: must be 1..512, got {self.agents_per_process}")
+        if not 0.0 <= self.edge_read_sample <= 1.0:
+            raise ValueError(f"--edge-read-sample: must be in [0, 1], got {self.edge_read_sample}")
+        if not 0.01 <= self.edge_time_scale <= 100.0:
+            raise ValueError(
+                f"--edge-time-scale: must be in [0.01, 100], got {self.edge_time_scale}"
+            )
+        if not self.edge_profiles and (self.edge_read_sample < 1 or self.edge_time_scale != 1):
+            raise ValueError(
+                "--no-edge-profiles: --edge-read-sample below 1 and --edge-time-scale need "
+                "the clusters' profiles to draw service times from"
+            )
+        if not 1 <= self.edge_seed <= 1_000_000:
+            raise ValueError(f"--edge-seed: must be 1..1000000, got {self.edge_seed}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +149,8 @@ class ChildSpec:
     cluster: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     """Set on top of the launcher's own environment."""
+    servers: int = 1
+    """Servers the process registers (dense edge agents: several)."""
 
 
 def _cli(config_path: str) -> list[str]:
@@ -181,9 +212,67 @@ def edge_cluster(index: int, count: int) -> str:
     return EDGE_CLUSTERS[min(index // block, len(EDGE_CLUSTERS) - 1)]
 
 
+def edge_groups(count: int, per_process: int) -> list[range]:
+    """The edge agents' indexes per process: each cluster's block cut into per_process chunks.
+
+    A process never mixes clusters, so its agents share one cluster label and profile.
+    """
+    if count < 0 or per_process < 1:
+        raise ValueError(
+            f"edge_groups: need count >= 0 and per_process >= 1, got {count}, {per_process}"
+        )
+    groups: list[range] = []
+    start = 0
+    while start < count:
+        cluster = edge_cluster(start, count)
+        end = start + 1
+        while end < count and end - start < per_process and edge_cluster(end, count) == cluster:
+            end += 1
+        groups.append(range(start, end))
+        start = end
+    return groups
+
+
+def edge_seed(opts: UpOptions, index: int) -> int:
+    """Seed of edge-(index+1)'s profile draws (index + 1 with the default --edge-seed 1)."""
+    return index + 1 + 1000 * (opts.edge_seed - 1)
+
+
 def edge_store(opts: UpOptions, index: int) -> Path:
-    """Sensor store of edge-(index+1)."""
+    """Sensor store of edge-(index+1) (of a dense process, when it is the process's first)."""
     return Path(opts.edge_data) / f"edge-{index + 1}.db"
+
+
+def _edge_argv(cfg: TailgateConfig, opts: UpOptions, index: int, url: str) -> list[str]:
+    """``edge-agent run`` for edge-(index+1), less its id (the options every agent shares)."""
+    cluster = edge_cluster(index, opts.edge_agents)
+    argv = [
+        *_cli(cfg.source),
+        "edge-agent",
+        "run",
+        "--exit-with-parent",
+        "--cluster",
+        cluster,
+        "--host",
+        opts.host,
+        "--port",
+        "0",
+        "--gateway",
+        url,
+        "--db",
+        str(edge_store(opts, index)),
+        "--seed",
+        str(edge_seed(opts, index)),
+        "--profile",
+        cluster if opts.edge_profiles else "none",
+    ]
+    if opts.edge_read_sample < 1.0:
+        argv += ["--read-sample", repr(opts.edge_read_sample)]
+    if opts.edge_time_scale != 1.0:
+        argv += ["--time-scale", repr(opts.edge_time_scale)]
+    if opts.policy:
+        argv += ["--policy", opts.policy]
+    return argv
 
 
 def edge_agent_spec(
@@ -196,40 +285,77 @@ def edge_agent_spec(
 ) -> ChildSpec:
     """Edge agent edge-(index+1) of pool "edge", in its cluster, on its own store."""
     sid = f"edge-{index + 1}"
-    cluster = edge_cluster(index, opts.edge_agents)
-    argv = [
-        *_cli(cfg.source),
-        "edge-agent",
-        "run",
-        "--exit-with-parent",
-        "--id",
-        sid,
-        "--cluster",
-        cluster,
-        "--host",
-        opts.host,
-        "--port",
-        "0",
-        "--gateway",
-        url,
-        "--db",
-        str(edge_store(opts, index)),
-        "--seed",
-        str(index + 1),
-        "--profile",
-        cluster if opts.edge_profiles else "none",
-    ]
-    if opts.policy:
-        argv += ["--policy", opts.policy]
+    argv = [*_edge_argv(cfg, opts, index, url), "--id", sid]
     if opts.metrics:
         argv += ["--metrics-port", str(opts.port + 100 + metrics_index)]
+    cluster = edge_cluster(index, opts.edge_agents)
     return ChildSpec(sid, "edge", tuple(argv), cluster=cluster, env={ENV_TOKEN: token})
 
 
+def edge_group_spec(
+    cfg: TailgateConfig,
+    opts: UpOptions,
+    group: range,
+    url: str,
+    token: str,
+    metrics_index: int,
+) -> ChildSpec:
+    """One process of dense edge agents edge-(first+1)..edge-(last+1), on the first's store.
+
+    Each agent is what ``edge_agent_spec`` would start (id, cluster, seed, metrics port
+    metrics_index + i), only hosted together (``edge-agent run --count``).
+    """
+    if len(group) == 1:
+        return edge_agent_spec(cfg, opts, group.start, url, token, metrics_index)
+    argv = [*_edge_argv(cfg, opts, group.start, url), "--id", "edge"]
+    argv += ["--count", str(len(group)), "--first", str(group.start + 1)]
+    if opts.metrics:
+        argv += ["--metrics-port", str(opts.port + 100 + metrics_index)]
+    sid = f"edge-{group.start + 1}..edge-{group[-1] + 1}"
+    cluster = edge_cluster(group.start, opts.edge_agents)
+    return ChildSpec(
+        sid, "edge", tuple(argv), cluster=cluster, env={ENV_TOKEN: token}, servers=len(group)
+    )
+
+
+def edge_specs(
+    cfg: TailgateConfig, opts: UpOptions, url: str, token: str, metrics_base: int
+) -> list[ChildSpec]:
+    """The edge agents' processes: one per agent, or dense ones (--agents-per-process)."""
+    return [
+        edge_group_spec(cfg, opts, group, url, token, metrics_base + group.start)
+        for group in edge_groups(opts.edge_agents, opts.agents_per_process)
+    ]
+
+
+def time_scaled(gw_cfg: GatewayConfig, scale: float) -> GatewayConfig:
+    """The gateway config of a testbed run `scale` times slower than the one it emulates.
+
+    Every class's SLO latency, the grace, and pool "edge"'s prior (its service times and
+    overhead) are multiplied by `scale`, as the edge agents' draws are (--edge-time-scale):
+    a query's deadline and its tasks' CDFs then stand to each other as unscaled.
+    """
+    classes = tuple(dataclasses.replace(c, latency_ms=c.latency_ms * scale) for c in gw_cfg.classes)
+    pools = tuple(
+        dataclasses.replace(
+            p,
+            prior=dataclasses.replace(p.prior, scale=p.prior.scale * scale),
+            prior_overhead_ms=p.prior_overhead_ms * scale,
+        )
+        if p.name == "edge"
+        else p
+        for p in gw_cfg.pools
+    )
+    return dataclasses.replace(
+        gw_cfg, classes=classes, pools=pools, grace_ms=gw_cfg.grace_ms * scale
+    )
+
+
 def _missing_stores(opts: UpOptions) -> list[int]:
-    """Indexes of the agents without a store yet (creating the folder)."""
+    """Indexes of the agents whose store is used and missing (creating the folder)."""
     Path(opts.edge_data).mkdir(parents=True, exist_ok=True)
-    return [i for i in range(opts.edge_agents) if not edge_store(opts, i).exists()]
+    owners = [g.start for g in edge_groups(opts.edge_agents, opts.agents_per_process)]
+    return [i for i in owners if not edge_store(opts, i).exists()]
 
 
 async def seed_edge_stores(cfg: TailgateConfig, opts: UpOptions) -> None:
@@ -467,6 +593,8 @@ async def up(cfg: TailgateConfig, opts: UpOptions, stop: asyncio.Event | None = 
         # The policy also orders the queues the gateway holds for central pools (edge agents).
         pools = tuple(dataclasses.replace(p, policy=opts.policy) for p in gw_cfg.pools)
         gw_cfg = dataclasses.replace(gw_cfg, pools=pools)
+    if opts.edge_time_scale != 1.0:
+        gw_cfg = time_scaled(gw_cfg, opts.edge_time_scale)
     if opts.edge_agents:
         await seed_edge_stores(cfg, opts)
     # Registration is never open here: a configured token, else one for this run only.
@@ -489,10 +617,7 @@ async def up(cfg: TailgateConfig, opts: UpOptions, stop: asyncio.Event | None = 
         # With --autoscale the autoscaler's local actuator owns pool "default".
         n_default = 0 if opts.autoscale else opts.servers
         specs = [taskserver_spec(cfg, opts, i, url, token) for i in range(n_default)]
-        specs += [
-            edge_agent_spec(cfg, opts, i, url, token, n_default + i)
-            for i in range(opts.edge_agents)
-        ]
+        specs += edge_specs(cfg, opts, url, token, n_default)
         specs += [
             pipeline_spec(cfg, opts, i, url, token, n_default + opts.edge_agents + i)
             for i in range(opts.pipeline_servers)
@@ -513,7 +638,7 @@ async def up(cfg: TailgateConfig, opts: UpOptions, stop: asyncio.Event | None = 
             )
         await _wait_ready(
             service,
-            len(specs) + (opts.servers if opts.autoscale else 0),
+            sum(spec.servers for spec in specs) + (opts.servers if opts.autoscale else 0),
             children,
             START_TIMEOUT_S + AGENT_START_S * opts.edge_agents,
             stop,
@@ -591,6 +716,11 @@ def _banner(url: str, opts: UpOptions, *, token_given: bool, history: str = "") 
         f"tailgate: gateway on {url} with {opts.servers} task server(s)"
         + (
             f" and {opts.edge_agents} edge agent(s) in clusters {', '.join(clusters)}"
+            + (
+                f" ({len(edge_groups(opts.edge_agents, opts.agents_per_process))} processes)"
+                if opts.agents_per_process > 1
+                else ""
+            )
             if opts.edge_agents
             else ""
         )

@@ -15,6 +15,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -178,6 +179,46 @@ def test_up_serves_both_pools_and_ctrl_c_stops_everything(tmp_path: Path) -> Non
         for pid in children:
             with pytest.raises(ProcessLookupError):
                 os.kill(pid, 0)
+
+
+def test_up_runs_dense_edge_agents_in_few_processes(tmp_path: Path) -> None:
+    port = free_port()
+    args = ("--servers", "0", "--edge-agents", "8", "--agents-per-process", "2",
+            "--edge-read-sample", "0.5", "--edge-seed", "3", "--edge-months", "1",
+            "--edge-data", str(tmp_path / "edge"))  # fmt: skip
+    with running_up(*args, port=port) as (proc, text):
+        assert (
+            "8 edge agent(s) in clusters server-room, wet-lab, faculty, gta (4 processes)" in text
+        ), text
+        assert len(child_pids(proc.pid)) == 4  # a process per cluster, each of two agents
+        base = f"http://127.0.0.1:{port}"
+        with urllib.request.urlopen(base + "/v1/servers", timeout=30) as r:
+            servers = {s["id"]: s for s in json.loads(r.read())["servers"]}
+        assert {sid: s["cluster"] for sid, s in servers.items()} == {
+            f"edge-{i + 1}": edge_cluster(i, 8) for i in range(8)
+        }
+        assert len({s["address"] for s in servers.values()}) == 8
+        # Only each process's first agent has a store: the process shares it.
+        assert sorted(p.name for p in (tmp_path / "edge").glob("*.db")) == [
+            "edge-1.db",
+            "edge-3.db",
+            "edge-5.db",
+            "edge-7.db",
+        ]
+        end = datetime.now(UTC) - timedelta(days=1)
+        week = {"op": "range", "sensor": "temperature",
+                "start": (end - timedelta(days=7)).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "end": end.strftime("%Y-%m-%dT%H:%M:%SZ")}  # fmt: skip
+        url = base + "/v1/queries"
+        for _ in range(3):
+            status, ans = _post(
+                url, {"class": "C", "targets": {"pool": "edge", "all": True}, "task": week}
+            )
+            assert status == 200, ans
+            assert {t["server"] for t in ans["tasks"]} == {f"edge-{i}" for i in range(1, 9)}
+        proc.send_signal(signal.SIGINT)
+        proc.wait(15)
+        assert proc.returncode == 0
 
 
 def test_edge_servers_fill_the_four_clusters_in_blocks() -> None:
