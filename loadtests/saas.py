@@ -13,10 +13,11 @@ the agents' 18 months. Arrivals are Poisson at a given rate for a bounded time; 
 is bounded by its SLO plus the gateway's grace, so a run ends.
 
     python -m loadtests.saas run --gateway URL --rate 10 --duration 60
-    python -m loadtests.saas maxrate --rates 4,8,12,16 --policies fifo,tf-edfq --duration 60
+    python -m loadtests.saas maxrate --seeds 1,2,3 --agents-per-process 8 --read-sample 0.05
 
 `run` drives a running gateway; `maxrate` starts `tailgate up --config deploy/saas.toml
---edge-agents 32` once per queue policy and raises the rate until a class misses its SLO.
+--edge-agents 32 --agents-per-process 8` (dense agents) once per queue policy and seed,
+and bisects the highest rate at which every class meets its SLO (loadtests.saas_maxrate).
 """
 
 from __future__ import annotations
