@@ -134,6 +134,18 @@ in bursts (a fanout-100 query wakes every server at once), a waking driver other
 for a time slice and sends late (driver lateness p99 3.4 ms before, on 2 cores)."""
 
 
+def _child_setup() -> None:
+    """In each child before exec: run nicer than the driver, and get SIGTERM if the driver
+    dies (Linux's parent-death signal), so no gateway or server outlives a killed replay."""
+    os.nice(CHILD_NICE)
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux/glibc: the driver's own cleanup is all there is
+
+
 def _start(argv: list[str], env: dict[str, str], lines: int) -> tuple[subprocess.Popen, list]:
     """Start a process and read its `lines` JSON announcements, within START_TIMEOUT_S (a
     child that hangs without a word is killed, not waited on forever)."""
@@ -142,7 +154,7 @@ def _start(argv: list[str], env: dict[str, str], lines: int) -> tuple[subprocess
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         env=env,
-        preexec_fn=lambda: os.nice(CHILD_NICE),  # no threads yet
+        preexec_fn=_child_setup,  # no threads yet
     )
     assert p.stdout is not None
     out: list[dict[str, Any]] = []
@@ -409,6 +421,11 @@ def live_max_load(
         return r.live.result
 
     m_sim = find_max_load(scn, policy, lo=lo, hi=hi, tol=tol)
+    if m_sim.max_load <= 0.0:
+        unjudged = f": {m_sim.unjudged[0][1]}" if m_sim.unjudged else ""
+        raise ValueError(
+            f"{policy}: the simulator meets no load in [{lo:g}, {hi:g}] on these queries{unjudged}"
+        )
     if around_sim is not None:  # bisect live only near the simulator's answer
         lo = max(lo, m_sim.max_load * (1.0 - around_sim))
         hi = min(hi, m_sim.max_load * (1.0 + around_sim))
@@ -454,6 +471,11 @@ def main(argv: list[str] | None = None) -> int:
             help="the service-time table (e.g. ../shared/data/tailbench/masstree_quantiles.txt)",
         )
     args = p.parse_args(argv)
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)  # unwind, so every started process is stopped
+
+    signal.signal(signal.SIGTERM, on_sigterm)
     try:
         scn = load_scenario(args.scenario)
         path = str(Path(args.service_quantiles).resolve())
