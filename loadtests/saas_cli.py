@@ -86,8 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
     except ValueError:
         p.error(f"--seeds: not a comma-separated list of integers: {args.seeds!r}")
-    if not seeds or any(s < 1 for s in seeds) or len(set(seeds)) != len(seeds):
-        p.error(f"--seeds: need distinct seeds >= 1, got {args.seeds!r}")
+    if not seeds or not all(1 <= s <= 1_000_000 for s in seeds) or len(set(seeds)) != len(seeds):
+        p.error(f"--seeds: need distinct seeds in 1..1000000, got {args.seeds!r}")
     policies = [x.strip() for x in args.policies.split(",") if x.strip()]
     try:
         for policy in policies:

@@ -51,6 +51,16 @@ class Testbed:
     time_scale: float = 1.0
     """The testbed runs this many times slower than the Pis it emulates."""
 
+    def __post_init__(self) -> None:
+        if not 1 <= self.agents <= 512:
+            raise ValueError(f"--agents: must be 1..512, got {self.agents}")
+        if not 1 <= self.agents_per_process <= 512:
+            raise ValueError(f"--agents-per-process: must be 1..512, got {self.agents_per_process}")
+        if not 0.0 <= self.read_sample <= 1.0:
+            raise ValueError(f"--read-sample: must be in [0, 1], got {self.read_sample}")
+        if not 0.01 <= self.time_scale <= 100.0:
+            raise ValueError(f"--time-scale: must be in [0.01, 100], got {self.time_scale}")
+
 
 @dataclass(frozen=True)
 class Search:

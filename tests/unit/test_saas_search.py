@@ -88,7 +88,9 @@ def test_ranking_says_where_the_order_holds_beyond_the_spread() -> None:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--seeds", "1,1"], "--seeds: need distinct seeds >= 1"),
+        (["--seeds", "1,1"], "--seeds: need distinct seeds in 1..1000000"),
+        (["--read-sample", "1.5"], "--read-sample: must be in [0, 1], got 1.5"),
+        (["--agents-per-process", "0"], "--agents-per-process: must be 1..512, got 0"),
         (["--seeds", "a"], "--seeds: not a comma-separated list of integers"),
         (["--policies", "lifo"], "--policies: must be one of"),
         (["--low", "8", "--high", "4"], "low/high: need 0 < low < high, got 8.0, 4.0"),
