@@ -99,6 +99,9 @@ def _gap_parts(
       result (the executor's sleep, and how late its loop ran the task and woke it);
     - ``gateway+wire``: query latency - the slowest task's time on its server (receipt to
       result): the gateway's dispatch and merge, both loopback hops, the HTTP answer.
+
+    (`_replay` adds ``query, live - simulated``: each query's live latency minus the
+    simulator's for the same query, where both answered every query.)
     """
     emulation: list[float] = []
     outside: list[float] = []
@@ -351,8 +354,21 @@ async def _replay(
     lateness = sorted(x * 1000.0 for x in late)
     p99 = nearest_rank(lateness, 99.0)
     min_slo_ms = min(c.slo_ms for c in scn.classes) * scale
-    live = report(_live_result(scn, load, policy, plan, answers, scale))
-    sim = report(simulate(scn, load))  # the plan is this scenario's workload at this load
+    live_result = _live_result(scn, load, policy, plan, answers, scale)
+    sim_result = simulate(scn, load)  # the plan is this scenario's workload at this load
+    live, sim = report(live_result), report(sim_result)
+    gap = _gap_parts(plan, answers, scale)
+    if (
+        not live_result.rejected_queries
+        and not sim_result.rejected_queries
+        and len(live_result.latency_ms) == len(sim_result.latency_ms)
+    ):
+        # The same queries in the same order: each one's live minus simulated latency.
+        diff = sorted((live_result.latency_ms - sim_result.latency_ms).tolist())
+        gap["query, live - simulated"] = (
+            nearest_rank(diff, 50.0),
+            nearest_rank(diff, 99.0),
+        )
     return LiveRun(
         live=live,
         sim=sim,
@@ -365,7 +381,7 @@ async def _replay(
         servers_cpu_share=sum(cpu[1:]) / wall,
         wall_s=wall,
         valid=p99 <= 0.01 * min_slo_ms,
-        gap=_gap_parts(plan, answers, scale),
+        gap=gap,
     )
 
 

@@ -36,7 +36,7 @@ def test_a_small_replay_answers_every_query_and_reports_like_the_simulator() -> 
         assert live.classes[name].samples == sim.classes[name].samples
         assert live.fanout_types[name].keys() == sim.fanout_types[name].keys()
     # where live time goes beyond the model, from every answered task and query
-    assert set(run.gap) == {"emulation", "gateway+wire"}
+    assert set(run.gap) == {"emulation", "gateway+wire", "query, live - simulated"}
     assert all(p50 <= p99 for p50, p99 in run.gap.values())
     text = run.to_text()
     assert "== live (time scale 100" in text and "driver lateness p99" in text
