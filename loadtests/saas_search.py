@@ -180,6 +180,8 @@ def ranking_line(summaries: Sequence[PolicySummary]) -> str:
         text += f" {'>' if beyond else '~'} {lower.policy} {lower.mean:.2f}"
     if len(ordered) == 1:
         verdict = "one policy: nothing to rank"
+    elif min(len(s.seeds) for s in ordered) < 2:
+        verdict = "one seed: no run-to-run spread measured, so nothing holds beyond it"
     elif all(separated):
         verdict = "the whole ranking holds beyond the run-to-run spread"
     elif separated[0]:

@@ -105,3 +105,9 @@ def test_maxrate_options_are_checked_before_anything_starts(
         main(["maxrate", *argv])
     assert info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_one_seed_ranks_nothing_beyond_a_spread() -> None:
+    line = ranking_line([_policy("tf-edfq", 40), _policy("fifo", 10)])
+    assert line.startswith("ranking: tf-edfq 40.00 > fifo 10.00")
+    assert line.endswith("one seed: no run-to-run spread measured, so nothing holds beyond it")
