@@ -199,7 +199,7 @@ def find_max_rates(
         f"saas maxrate: {len(policies)} policies x {len(seeds)} seeds, rates {search.low:g}-"
         f"{search.high:g} q/s to within {search.resolution:g}, at most {search.max_probes} "
         f"probes of {search.warmup_s:g}+{search.duration_s:g} s each: at most "
-        f"{bound_s(len(policies), len(seeds), search) / 60:.0f} min of driving; "
+        f"{bound_s(len(policies), len(seeds), search) / 60:.1f} min of driving; "
         f"{testbed.agents} agents, {testbed.agents_per_process} per process, read sample "
         f"{testbed.read_sample:g}, time scale {testbed.time_scale:g}",
         flush=True,
