@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -37,7 +38,7 @@ from edge_agent.readers import (
 from edge_agent.sensing import SensingExecutor
 from edge_agent.store import SensorStore, StoreError
 from taskserver.config import TaskServerConfig
-from taskserver.server import serve
+from taskserver.server import serve, serve_together
 
 if TYPE_CHECKING:  # loaded only with a metrics port
     from prometheus_client import CollectorRegistry
@@ -317,20 +318,10 @@ async def run_agents(
     first = configs[0]
     if len({c.database for c in configs}) != 1:
         raise ValueError("configs: dense agents share one store; they name several")
-    stop = asyncio.Event() if stop is None else stop
     loop = asyncio.get_running_loop()
     loop.set_default_executor(ThreadPoolExecutor(max_workers=4, thread_name_prefix="edge-io"))
     store = await asyncio.to_thread(SensorStore, first.database)
     background: list[asyncio.Task[None]] = []
-    tasks: list[asyncio.Task[None]] = []
-    # One stop per agent: the relay drains them all; a failing one stops only its own.
-    stops = [asyncio.Event() for _ in configs]
-
-    async def relay() -> None:
-        await stop.wait()
-        for s in stops:
-            s.set()
-
     try:
         sampler = Sampler(build_reader(first), store, clock=clock)
         background += [
@@ -338,7 +329,6 @@ async def run_agents(
             loop.create_task(
                 _prune_forever(store, first.retention_s, first.prune_interval_s, clock)
             ),
-            loop.create_task(relay()),
         ]
         log.info(
             "%d edge agents %s..%s (cluster %s) in one process on store %s, profile %s, "
@@ -352,28 +342,20 @@ async def run_agents(
             first.read_sample,
             first.time_scale,
         )
-        tasks += [
-            loop.create_task(
-                serve(
-                    task_server_config(c),
-                    ready,
-                    executor=_executor(c, store, sampler, clock),
-                    registry=_metrics_registry(c, sampler),
-                    stop=s,
-                )
+        agents = [
+            functools.partial(
+                serve,
+                task_server_config(c),
+                ready,
+                executor=_executor(c, store, sampler, clock),
+                registry=_metrics_registry(c, sampler),
             )
-            for c, s in zip(configs, stops, strict=True)
+            for c in configs
         ]
-        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-        failed = [t for t in done if not t.cancelled() and t.exception() is not None]
-        if failed:
-            stop.set()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            raise failed[0].exception()  # type: ignore[misc]
-        await asyncio.gather(*tasks)
+        await serve_together(agents, stop=stop)
         log.info("%d edge agents stopped: %s", len(configs), sampler.status())
     finally:
-        for task in (*tasks, *background):
+        for task in background:
             task.cancel()
-        await asyncio.gather(*tasks, *background, return_exceptions=True)
+        await asyncio.gather(*background, return_exceptions=True)
         store.close()

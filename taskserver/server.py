@@ -14,11 +14,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -791,9 +792,17 @@ async def serve_many(
     Each announces itself on its own line. If one fails (a port taken), the others are
     stopped and drained, and its error is raised.
     """
+    await serve_together([functools.partial(serve, c, ready=ready) for c in configs], stop=stop)
+
+
+async def serve_together(
+    servers: Sequence[Callable[..., Awaitable[None]]], *, stop: asyncio.Event | None = None
+) -> None:
+    """Run ``server(stop=own_stop)`` for each until `stop` is set; the first failure stops
+    and drains the others and is raised. Each gets a stop of its own, so one that retires
+    (idle exit) does not stop the rest; `stop` sets them all."""
     stop = asyncio.Event() if stop is None else stop
-    # One stop per server: a server that retires when idle must not stop the others.
-    stops = [asyncio.Event() for _ in configs]
+    stops = [asyncio.Event() for _ in servers]
 
     async def relay() -> None:
         await stop.wait()
@@ -801,10 +810,7 @@ async def serve_many(
             s.set()
 
     relayer = asyncio.create_task(relay())
-    tasks = [
-        asyncio.create_task(serve(c, ready=ready, stop=s))
-        for c, s in zip(configs, stops, strict=True)
-    ]
+    tasks = [asyncio.create_task(server(stop=s)) for server, s in zip(servers, stops, strict=True)]
     try:
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
         failed = [t for t in done if not t.cancelled() and t.exception() is not None]

@@ -159,7 +159,7 @@ class OnnxModel:
         """Run the session once per batch size it will see; the seconds it took.
 
         The first run of a shape pays the provider's lazy set-up: on CUDA, memory arenas
-        and cuDNN's algorithm search, 0.6 s for object detection's first batch on an H200
+        and cuDNN's algorithm search, 0.5 s for object detection's first batch on an H200
         where a warm batch takes 0.4 ms. Paid by a request, that is a drop (PARD sees a
         module 1,000x slower than its profile) and a duration scale learnt from an outlier.
         So a server pays it before it takes tasks, as Triton's model warm-up does: on
