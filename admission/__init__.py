@@ -20,6 +20,10 @@ thread or env read):
   and `vertical_step` for emulated vertical scaling.
 - `swayam`: model-based scale-out after Swayam §4 (`RatePredictor`, `required_backends`,
   `SwayamPolicy`), passive scale-in (`IdleTracker`) and the shared `backend_order`.
+- `waiting`: QLM's waiting-time estimator (§6, eqs. 2-3): `ServiceMoments`, `estimate_wait`
+  (the queue wait of a task joining a server, as a Normal), `meet_probability` (a fanout
+  query's chance to meet its SLO from its targets' waits and latency CDFs); read by the
+  ``predictive`` rule.
 - `errors`: the exception tree below.
 
 - `actuators` (shell side, not re-exported: import `admission.actuators` explicitly, so the
@@ -61,6 +65,12 @@ from admission.swayam import (
     waiting_percentile_ms,
 )
 from admission.tails import nearest_rank
+from admission.waiting import (
+    ServiceMoments,
+    WaitEstimate,
+    estimate_wait,
+    meet_probability,
+)
 from admission.window import MissRatioWindow
 
 __all__ = [
@@ -84,12 +94,16 @@ __all__ = [
     "RatePredictor",
     "Rule",
     "ScaleDecision",
+    "ServiceMoments",
     "Signal",
     "SwayamPolicy",
     "ThresholdAutoscaler",
+    "WaitEstimate",
     "backend_order",
     "estimate_backends",
+    "estimate_wait",
     "make_rule",
+    "meet_probability",
     "nearest_rank",
     "required_backends",
     "response_percentile_ms",

@@ -48,6 +48,12 @@ class AdmissionConfig:
     """throttle: integral gain on log(threshold / miss ratio) per step."""
     throttle_min_fraction: float = 0.02
     """throttle: the admitted fraction never drops below this (keeps the window fed)."""
+    predictive_level: float | None = None
+    """predictive: admit a query predicted to meet its SLO with at least this probability
+    (default: its class's percentile / 100)."""
+    predictive_backstop: Rule = Rule.NONE
+    """predictive: the miss-ratio rule that queries passing the prediction meet next
+    (none, reject-all, throttle, ...)."""
 
     def __post_init__(self) -> None:
         # Strings are accepted from code (the TOML loader converts them already).
@@ -62,6 +68,17 @@ class AdmissionConfig:
         except ValueError:
             valid = ", ".join(r.value for r in Rule)
             raise ValueError(f"rule: must be one of {valid}, got {self.rule!r}") from None
+        try:
+            object.__setattr__(self, "predictive_backstop", Rule(self.predictive_backstop))
+        except ValueError:
+            valid = ", ".join(r.value for r in Rule if r is not Rule.PREDICTIVE)
+            raise ValueError(
+                f"predictive_backstop: must be one of {valid}, got {self.predictive_backstop!r}"
+            ) from None
+        if self.predictive_backstop is Rule.PREDICTIVE:
+            raise ValueError("predictive_backstop: cannot be 'predictive' itself")
+        if self.predictive_level is not None and not 0 < self.predictive_level < 1:
+            raise ValueError(f"predictive_level: must be in (0, 1), got {self.predictive_level}")
         if not 0 < self.threshold < 1:
             raise ValueError(f"threshold: must be in (0, 1), got {self.threshold}")
         if self.release_threshold is not None and not 0 < self.release_threshold <= self.threshold:

@@ -19,6 +19,7 @@ from admission.errors import PolicyValueError
 from admission.rules import (
     AdmissionRule,
     CostLadder,
+    Predictive,
     QueryMemory,
     RuleSettings,
     Throttle,
@@ -47,6 +48,8 @@ class AdmissionController:
         throttle_interval_s: float = 0.05,
         throttle_gain: float = 0.5,
         throttle_min_fraction: float = 0.02,
+        predictive_level: float | None = None,
+        predictive_backstop: Rule | str = Rule.NONE,
         seed: int | None = None,
     ) -> None:
         settings = RuleSettings(
@@ -58,6 +61,8 @@ class AdmissionController:
             throttle_interval_s=throttle_interval_s,
             throttle_gain=throttle_gain,
             throttle_min_fraction=throttle_min_fraction,
+            predictive_level=predictive_level,
+            predictive_backstop=predictive_backstop,  # type: ignore[arg-type]
         )
         for name, value in (("memory_queries", memory_queries), ("history", history)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -106,7 +111,10 @@ class AdmissionController:
     @property
     def throttle(self) -> AdmitThrottle | None:
         """The throttle rule's admitted-fraction controller (None under the other rules)."""
-        return self.policy.throttle if isinstance(self.policy, Throttle) else None
+        policy = self.policy
+        if isinstance(policy, Predictive):
+            policy = policy.backstop
+        return policy.throttle if isinstance(policy, Throttle) else None
 
     @property
     def class_priority(self) -> dict[str, int]:

@@ -23,6 +23,7 @@ class Rule(StrEnum):
     LARGEST_FANOUT_FIRST = "largest-fanout-first"
     COST_LADDER = "cost-ladder"
     THROTTLE = "throttle"
+    PREDICTIVE = "predictive"
 
 
 class Signal(StrEnum):
@@ -34,6 +35,9 @@ class Signal(StrEnum):
     """Tasks waiting beyond the servers' slots, per slot; supplied by the shell."""
     TAIL_RATIO = "tail_ratio"
     """Worst recent p-th query latency over its SLO; kept by the gate from answered queries."""
+    WAIT = "wait"
+    """The query's predicted chance to meet its SLO from its targets' queue-wait estimates
+    (QueryInfo.meet_prob and wait_ms, `admission.waiting`); supplied by the shell."""
 
 
 class Action(StrEnum):
@@ -54,6 +58,9 @@ class QueryInfo:
     slo_ms: float  # x_p^SLO of its class
     unloaded_ms: float  # x_p^u(k_f): its unloaded p-th latency (TailGuard eq. 2)
     waited_s: float = 0.0  # time the gateway already held it on earlier DEFER decisions
+    percentile: float = 99.0  # p of its class: the share of queries that must meet the SLO
+    meet_prob: float = 1.0  # Signal.WAIT: predicted P(query latency <= SLO), admission.waiting
+    wait_ms: float = 0.0  # Signal.WAIT: estimated mean queue wait at its busiest target
 
     def after(self, defer_s: float) -> QueryInfo:
         """The same query, put again after being held `defer_s` more."""
@@ -68,6 +75,8 @@ class Decision:
     reason: str  # short machine code, e.g. "miss_ratio_above_threshold"
     severity: float = 0.0  # miss_ratio / threshold, or the cost-ladder severity score
     defer_s: float = 0.0  # for DEFER: how long the gateway may hold it before deciding again
+    wait_ms: float = 0.0  # predictive rule: the estimated queue wait that decided it
+    retry_after_s: float = 0.0  # REJECT: when a retry may be admitted (0: no estimate)
 
 
 @dataclass(frozen=True, slots=True)

@@ -79,10 +79,15 @@ class AdmissionGate:
             throttle_interval_s=config.throttle_interval_s,
             throttle_gain=config.throttle_gain,
             throttle_min_fraction=config.throttle_min_fraction,
+            predictive_level=config.predictive_level,
+            predictive_backstop=config.predictive_backstop,
             seed=seed,
         )
         self.tails = TailTracker({c.name: c.percentile for c in classes})
         self._needs_queue = Signal.QUEUE_PRESSURE in self.controller.needs
+        self.needs_wait = self.enabled and Signal.WAIT in self.controller.needs
+        """The rule reads QueryInfo.meet_prob / wait_ms: the shell estimates its targets'
+        queue waits (admission.waiting) before asking."""
 
     # -- outcomes ------------------------------------------------------------------------
 

@@ -20,6 +20,10 @@ the miss ratio is low (`clearly_admits`), so no shell compares rule names:
 - ``cost-ladder`` (`CostLadderRule`, client-side-scheduling §3.1, overload control): a
   severity score climbs progressive rungs: defer → reject the costliest queries → reject
   classes, least protected first; the most protected class is never rejected nor deferred.
+- ``predictive`` (`Predictive`, QLM §6's waiting-time estimator used for admission): reject a
+  query whose predicted probability of meeting its SLO, from its targets' estimated queue
+  waits (`admission.waiting`), is below the level (default: its class's percentile); a query
+  that passes goes on to an optional miss-ratio backstop rule (`predictive_backstop`).
 
 A new rule: a subclass of `AdmissionRule` with its `rule` name, its `needs`, `decide` (and
 `clearly_admits` when it may be skipped), a member of `Rule`, and an entry in `_RULES`.
@@ -48,6 +52,7 @@ __all__ = [
     "CostLadderRule",
     "LargestFanoutFirst",
     "LowestClassFirst",
+    "Predictive",
     "QueryMemory",
     "RejectAll",
     "RuleSettings",
@@ -222,8 +227,20 @@ class RuleSettings:
     throttle_interval_s: float = 0.05
     throttle_gain: float = 0.5
     throttle_min_fraction: float = 0.02
+    predictive_level: float | None = None
+    """predictive: admit when P(meet SLO) >= this (None: the query's class percentile / 100)."""
+    predictive_backstop: Rule = Rule.NONE
+    """predictive: the miss-ratio rule a query that passes the prediction meets next."""
 
     def __post_init__(self) -> None:
+        if self.predictive_level is not None and not 0 < self.predictive_level < 1:
+            raise PolicyValueError(
+                f"admission predictive_level: must be in (0, 1), got {self.predictive_level!r}"
+            )
+        backstop = parse_rule(self.predictive_backstop)
+        if backstop is Rule.PREDICTIVE:
+            raise PolicyValueError("admission predictive_backstop: cannot be 'predictive' itself")
+        object.__setattr__(self, "predictive_backstop", backstop)
         if not (0 < self.threshold <= 1):
             raise PolicyValueError(
                 f"admission threshold: must be in (0, 1], got {self.threshold!r}"
@@ -432,9 +449,70 @@ class CostLadderRule(AdmissionRule):
         return Decision(Action.DEFER, "cost_ladder_defer", severity, defer_s)
 
 
+class Predictive(AdmissionRule):
+    """``predictive``: admit a query only if it is predicted to meet its SLO.
+
+    TailGuard's admission (§III.D) reacts to misses that have already happened; this rule
+    acts before dispatch, on QLM's waiting-time estimate (§6) of every target: the shell
+    puts P(query latency <= SLO) in `QueryInfo.meet_prob` (`admission.waiting`), and a query
+    below the level is rejected with the estimated wait and a retry time. The level defaults
+    to the class's own percentile: a class that asks p% of its queries to meet the SLO
+    admits a query only when it is predicted to meet it with probability p%. A query that
+    passes goes on to the backstop rule (e.g. ``reject-all``), whose miss-ratio signal
+    catches what the estimate gets wrong. Beyond the paper: QLM reorders and evicts instead
+    of rejecting.
+    """
+
+    rule = Rule.PREDICTIVE
+
+    def __init__(self, settings: RuleSettings, rng: random.Random) -> None:
+        super().__init__(settings, rng)
+        self.backstop = make_rule(settings.predictive_backstop, settings, rng)
+        self.needs = frozenset({Signal.WAIT}) | self.backstop.needs  # type: ignore[misc]
+        self.predicted_rejects = 0
+
+    def clearly_admits(self, miss_ratio: float) -> bool:
+        return False  # the prediction is per query: it is always asked
+
+    def decide(self, q: QueryInfo, p: Pressure, now: float, memory: QueryMemory) -> Decision:
+        level = self.settings.predictive_level
+        if level is None:
+            level = q.percentile / 100.0
+        if q.meet_prob < level:
+            self.predicted_rejects += 1
+            self._set_overloaded(True, now)
+            # Retry once the busiest target's backlog has drained to the query's queueing
+            # budget (SLO - x_p^u, TailGuard eq. 4), new arrivals aside: a lower bound.
+            retry_s = max(q.wait_ms - max(q.slo_ms - q.unloaded_ms, 0.0), 0.0) / 1000.0
+            return Decision(
+                Action.REJECT, "predicted_miss", 1.0 - q.meet_prob, 0.0, q.wait_ms, retry_s
+            )
+        d = self.backstop.decide(q, p, now, memory)
+        self._set_overloaded(self.backstop.overloaded, now)
+        if d.action is Action.ADMIT:
+            return Decision(Action.ADMIT, "predicted_meet", 1.0 - q.meet_prob, 0.0, q.wait_ms)
+        return d
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "predictive_level": self.settings.predictive_level,
+            "predictive_backstop": str(self.backstop.rule),
+            "predicted_rejects": self.predicted_rejects,
+            **self.backstop.snapshot(),
+        }
+
+
 _RULES: dict[Rule, type[AdmissionRule]] = {
     cls.rule: cls
-    for cls in (AdmitAll, RejectAll, LowestClassFirst, LargestFanoutFirst, Throttle, CostLadderRule)
+    for cls in (
+        AdmitAll,
+        RejectAll,
+        LowestClassFirst,
+        LargestFanoutFirst,
+        Throttle,
+        CostLadderRule,
+        Predictive,
+    )
 }
 assert set(_RULES) == set(Rule), "every Rule needs its class"
 

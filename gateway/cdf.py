@@ -24,6 +24,7 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike
 
+from admission.waiting import ServiceMoments
 from gateway.table_cdf import ConditionalTail, TableCdf
 from gateway.tail import GpdTail, fit_pot
 
@@ -215,6 +216,7 @@ class _Row:
         "group",
         "members",
         "model",
+        "moments",
         "pending",
         "pos",
         "prior",
@@ -242,6 +244,8 @@ class _Row:
         """The model prior, while the window still holds samples of it."""
         self.prior = filled
         """Prior samples the window started with."""
+        self.moments: ServiceMoments | None = None
+        """Raw moments of the window, computed on first use after each refresh."""
 
     def prior_left(self) -> int:
         """Prior samples still in the window: online ones fill its free slots, then
@@ -379,6 +383,7 @@ class CdfBook:
             row.cdf = LatencyCdf.from_samples(
                 row.window[: row.filled], self._tail_fraction, model=model
             )
+            row.moments = None
             self._install(slot)
             self._version += 1
 
@@ -390,6 +395,22 @@ class CdfBook:
     def cdf_of(self, server_id: str) -> LatencyCdf | TableCdf:
         """The current CDF snapshot of the server's row."""
         return self._row_of(server_id).cdf
+
+    def moments(self, server_id: str) -> ServiceMoments:
+        """Mean, E[X^2] and E[X^3] of the server's window of post-queuing times: the service
+        law QLM's waiting-time estimator (§6) reads, learned online like the CDF."""
+        row = self._row_of(server_id)
+        if row.moments is None:
+            # A floor of 1 ns keeps a window of zeros (an instant emulated service) a law.
+            row.moments = ServiceMoments.from_samples(np.maximum(row.window[: row.filled], 1e-6))
+        return row.moments
+
+    def row_key(self, server_id: str) -> int:
+        """Which CDF row the server reads: servers with equal keys share one F."""
+        slot = self._slot_of.get(server_id)
+        if slot is None:
+            raise KeyError(f"unknown server id {server_id!r}")
+        return slot
 
     def samples_seen(self, server_id: str) -> int:
         """Online samples observed for the server's row (shared by its group)."""

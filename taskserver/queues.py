@@ -194,6 +194,13 @@ class TaskQueue:
             removed.discard(heapq.heappop(heap)[-2])
         return heap[0][-1] if heap else None
 
+    def ahead_of(self, task: QueuedTask) -> list[QueuedTask]:
+        """The queued tasks pop() would return before `task`, were it pushed now (any order)."""
+        key = self.key(task)
+        removed = self._removed
+        # Ties on the key go to the earlier push (the seq), so an equal key is ahead.
+        return [e[-1] for e in self._heap if e[:-2] <= key and not (removed and e[-2] in removed)]
+
     def remove_query(self, query_id: str) -> list[QueuedTask]:
         """Cancel every queued task of a query; returns them in insertion order."""
         same_query = self._by_query.pop(query_id, None)

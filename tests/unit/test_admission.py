@@ -6,6 +6,7 @@ import pytest
 
 from admission import (
     Action,
+    AdmissionConfig,
     AdmissionController,
     AdmissionError,
     CostLadder,
@@ -14,6 +15,7 @@ from admission import (
     PolicyValueError,
     Pressure,
     QueryInfo,
+    Signal,
 )
 
 CLASSES = ["gold", "silver", "bronze"]  # most protected first: priorities 0, 1, 2
@@ -369,3 +371,45 @@ def test_rule_names_are_forgiving_about_case_and_underscores() -> None:
 def test_bad_cost_ladders_are_refused(kwargs: dict) -> None:
     with pytest.raises(PolicyValueError):
         CostLadder(**kwargs)
+
+
+# -- predictive (QLM §6's estimate, read against the class percentile) -------------------------
+
+
+def test_predictive_rejects_below_the_class_percentile_with_a_retry_time() -> None:
+    c = create_controller(rule="predictive")
+    calm = Pressure(miss_ratio=0.0)
+    q = QueryInfo("gold", 0, 100, 1.0, 0.6, percentile=99.0, meet_prob=0.985, wait_ms=1.5)
+    d = c.decide(q, calm, 0.0)
+    assert (d.action, d.reason) == (Action.REJECT, "predicted_miss")
+    # The busiest target's 1.5 ms of expected wait against a 0.4 ms queueing budget.
+    assert d.wait_ms == 1.5 and d.retry_after_s == pytest.approx(0.0011)
+    ok = QueryInfo("gold", 0, 100, 1.0, 0.6, percentile=99.0, meet_prob=0.995, wait_ms=0.1)
+    assert c.decide(ok, calm, 0.0).reason == "predicted_meet"
+    # A p90 class admits the first query's prediction; a configured level overrides both.
+    assert c.decide(QueryInfo("gold", 0, 1, 1.0, 0.6, percentile=90.0, meet_prob=0.985), calm,
+                    0.0).action is Action.ADMIT  # fmt: skip
+    strict = create_controller(rule="predictive", predictive_level=0.999)
+    assert strict.decide(ok, calm, 0.0).reason == "predicted_miss"
+    assert c.policy.snapshot()["predicted_rejects"] == 1
+
+
+def test_predictive_passes_admitted_queries_to_its_backstop() -> None:
+    c = create_controller(rule="predictive", predictive_backstop="reject-all", threshold=0.01)
+    assert c.needs >= {Signal.WAIT, Signal.MISS_RATIO} and not c.clearly_admits(0.0)
+    q = QueryInfo("bronze", 2, 10, 50.0, 10.0, meet_prob=1.0)
+    assert c.decide(q, Pressure(miss_ratio=0.005), 0.0).reason == "predicted_meet"
+    d = c.decide(q, Pressure(miss_ratio=0.02), 1.0)
+    assert (d.action, d.reason) == (Action.REJECT, "miss_ratio_above_threshold")
+    assert c.overloaded and c.overloaded_since == 1.0
+
+
+def test_predictive_settings_are_checked() -> None:
+    with pytest.raises(PolicyValueError, match="predictive_level"):
+        create_controller(rule="predictive", predictive_level=1.0)
+    with pytest.raises(PolicyValueError, match="predictive_backstop"):
+        create_controller(rule="predictive", predictive_backstop="predictive")
+    with pytest.raises(ValueError, match="predictive_backstop"):
+        AdmissionConfig(rule="predictive", predictive_backstop="sometimes")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="predictive_level"):
+        AdmissionConfig(rule="predictive", predictive_level=0.0)

@@ -48,11 +48,13 @@ class Arrival:
     unloaded_ms: float
     outcomes: tuple[tuple[float, bool], ...]  # (delay s, missed) per task, if admitted
     latency_ms: float  # the answered query's latency, known after the last outcome
+    meet_prob: float = 1.0  # what a shell's wait estimate predicts (Signal.WAIT)
 
 
 def _stream(n: int = 4000, seed: int = 7) -> list[Arrival]:
     """Poisson arrivals at 2,000/s with an overload episode in the middle third."""
     rng = random.Random(seed)
+    predicted = random.Random(seed + 1)  # its own draws: the other fields stay as they were
     out, t = [], 0.0
     for _ in range(n):
         t += rng.expovariate(2000.0)
@@ -65,7 +67,8 @@ def _stream(n: int = 4000, seed: int = 7) -> list[Arrival]:
         )
         slo = CLASSES[cls][1]
         latency = slo * (rng.uniform(0.9, 1.6) if hot else rng.uniform(0.4, 0.95))
-        out.append(Arrival(t, cls, fanout, 0.3 + 0.002 * fanout, outcomes, latency))
+        meet = predicted.uniform(0.9, 1.0) if hot else predicted.uniform(0.985, 1.0)
+        out.append(Arrival(t, cls, fanout, 0.3 + 0.002 * fanout, outcomes, latency, meet))
     return out
 
 
@@ -145,7 +148,8 @@ def _replay(
         a = stream[q]
         if handle is None:
             info = QueryInfo(names[a.cls], prio[names[a.cls]], a.fanout, slo[names[a.cls]],
-                             a.unloaded_ms)  # fmt: skip
+                             a.unloaded_ms, percentile=CLASSES[a.cls][2],
+                             meet_prob=a.meet_prob)  # fmt: skip
             handle = ask(q, info, lambda t=t: _queue_pressure_at(t))
         d, defer_s = step(handle)
         assert d is not None
