@@ -22,6 +22,19 @@ Pollaczek-Khinchine mean), and for exponential service the mean and variance are
 any c (the wait is then Erlang(n + 1) at rate c / mu). A task that finds a slot free and
 nothing ahead waits 0.
 
+Beyond QLM, whose virtual queues keep a fixed order once a group is placed: under a deadline
+or priority policy, tasks that arrive *after* this one can still go ahead of it while it
+waits (a later class-I task with a tighter budget, under TF-EDFQ). `with_overtaking` adds
+their work: a group h arriving at rate lambda_h with an order key smaller by up to Delta_h
+(`overtake_window`) overtakes for min(W, Delta_h), so
+
+    W = W0 + sum_h rho_h min(W, Delta_h),   rho_h = lambda_h E[S_h] / c,
+
+solved exactly (it is piecewise linear in W); with Delta = inf this is the M/G/1
+priority-queue wait W0 / (1 - rho_higher). Its variance is that of a delay busy period of
+the groups still overtaking, started by the fixed work (the base wait and the arrivals of
+groups whose window has closed).
+
 `WaitEstimate.within(b)` is P(W <= b) under the Normal of eq. (3); `query_on_time` is the
 probability that every task of a fanout query is dequeued within its queueing budget, the
 product over its targets (TailGuard's tasks are independent once their deadlines are
@@ -48,7 +61,9 @@ __all__ = [
     "WaitEstimate",
     "estimate_wait",
     "meet_probability",
+    "overtake_window",
     "query_on_time",
+    "with_overtaking",
 ]
 
 LogCdf = Callable[[np.ndarray], np.ndarray]
@@ -179,6 +194,79 @@ def estimate_wait(
     # else: tasks ahead that a free slot takes at once start now; their whole service is the
     # work to get through, like the queued ones' (no residual).
     return WaitEstimate(mean / slots, math.sqrt(var) / slots, n_ahead)
+
+
+def overtake_window(policy: str, mine: tuple[float, float, int], other: tuple[float, float, int]
+                    ) -> float:  # fmt: skip
+    """How long after a task arrives a task of another group may still arrive and go ahead
+    of it, in the queue policy's order (ms; 0: never, inf: always).
+
+    `mine`, `other`: (budget T_b ms, SLO ms, priority) of the two groups. TF-EDFQ orders by
+    t0 + T_b (TailGuard eq. 4), T-EDFQ by t0 + SLO, PRIQ by priority, FIFO by arrival.
+    """
+    if policy == "tf-edfq":
+        return max(mine[0] - other[0], 0.0)
+    if policy == "t-edfq":
+        return max(mine[1] - other[1], 0.0)
+    if policy == "priq":
+        return math.inf if other[2] < mine[2] else 0.0
+    if policy == "fifo":
+        return 0.0
+    raise PolicyValueError(f"queue policy: unknown {policy!r}")
+
+
+def with_overtaking(
+    base: WaitEstimate,
+    overtakers: Iterable[tuple[float, float, ServiceMoments]],
+    slots: int,
+) -> WaitEstimate:
+    """`base` plus the work of tasks that will arrive later and go ahead (module docstring).
+
+    `overtakers`: per group, (arrival rate at this server in tasks/ms, overtaking window ms,
+    service moments). A task that starts at once (mean and sd 0) is never overtaken.
+    """
+    if base.mean_ms == 0.0 and base.sd_ms == 0.0:
+        return base
+    # Per group: (rho = its share of the slots' time, its window, its variance per ms).
+    terms = sorted(
+        (
+            (rate * m.mean_ms / slots, window, rate * m.m2 / slots**2)
+            for rate, window, m in overtakers
+            if rate > 0.0 and window > 0.0
+        ),
+        key=lambda t: t[1],
+    )
+    if not terms:
+        return base
+    # On the segment where W lies between two windows, the groups with smaller windows add
+    # a fixed rho * Delta and the others rho * W: W = (W0 + fixed) / (1 - open).
+    fixed = base.mean_ms
+    fixed_var = base.sd_ms**2
+    open_rho = sum(t[0] for t in terms)
+    open_var = sum(t[2] for t in terms)
+    mean = math.inf
+    for rho, window, v in terms:
+        if open_rho < 1.0:
+            w = fixed / (1.0 - open_rho)
+            if w <= window:
+                mean = w
+                break
+        if math.isinf(window):
+            break  # groups that always overtake, at rho >= 1 between them: no end to it
+        fixed += rho * window
+        fixed_var += v * window
+        open_rho -= rho
+        open_var -= v
+    else:
+        mean = fixed / (1.0 - open_rho) if open_rho < 1.0 else math.inf
+    if math.isinf(mean):
+        return WaitEstimate(math.inf, 0.0, base.ahead)
+    # The wait is a delay busy period of the open groups started by the fixed work X (the
+    # base wait and the saturated groups' arrivals): Var = Var[X] / (1 - rho)^2
+    # + E[X] lambda E[S^2] / (1 - rho)^3, the M/G/1 priority-queue form.
+    gap = 1.0 - max(open_rho, 0.0)
+    var = fixed_var / gap**2 + fixed * max(open_var, 0.0) / gap**3
+    return WaitEstimate(mean, math.sqrt(var), base.ahead)
 
 
 def query_on_time(estimates: Iterable[WaitEstimate], budget_ms: float) -> float:

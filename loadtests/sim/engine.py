@@ -35,6 +35,7 @@ from gateway.table_cdf import prior_of
 from loadtests.sim.budget_controller import BudgetController
 from loadtests.sim.events import run_with_feedback
 from loadtests.sim.scenario import Scenario, SimAutoscaling, class_priorities
+from loadtests.sim.waits import SimWaits
 from loadtests.sim.workload import Workload, make_workload
 from taskserver.queues import QueuedTask, create_task_queue
 from taskserver.service_time import make_distribution
@@ -195,7 +196,14 @@ def simulate(
                 "simulator"
             )
         # Feedback loops learn each task's outcome in time: the event-driven engine.
-        fb = run_with_feedback(scn, w, policy, base_budget, slo_ms[w.cls] - base_budget, scaler)
+        waits = (
+            SimWaits.of(book, ids, w.tasks)
+            if scn.admission.effective_rule == "predictive"
+            else None
+        )
+        fb = run_with_feedback(
+            scn, w, policy, base_budget, slo_ms[w.cls] - base_budget, scaler, waits
+        )
         start, occupy, deferred = fb.start, fb.occupy, fb.deferred
         admitted, admission_rejected = fb.admitted, fb.admission_rejected
         keep = admitted[tq]

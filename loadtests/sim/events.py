@@ -25,8 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from admission import Action, AdmissionGate, QueryInfo
+from admission import Action, AdmissionGate, QueryInfo, WaitEstimate, estimate_wait
+from admission.waiting import overtake_window, with_overtaking
 from loadtests.sim.scenario import Scenario, class_priorities
+from loadtests.sim.waits import SimWaits
 from loadtests.sim.workload import Workload
 from taskserver.queues import QueuedTask, create_task_queue
 
@@ -98,12 +100,15 @@ def run_with_feedback(
     budget_ms: np.ndarray,
     unloaded_ms: np.ndarray,
     scaler: Any | None,
+    waits: SimWaits | None = None,
 ) -> FeedbackRun:
     """Simulate every query in arrival order with admission (scn.admission) and/or the
     vertical autoscaler `scaler` (engine._SimScaler) in the loop.
 
     budget_ms[q] is the query's T_b (NaN: SLO below x_p^u, never admitted); unloaded_ms[q]
-    its x_p^u.
+    its x_p^u. `waits` (needed by the ``predictive`` rule, or recording for the
+    wait-estimator experiment): each target's queue wait is estimated from its exact state
+    as the query arrives (QLM §6, `admission.waiting`).
     """
     central = scn.run.queueing == "central"
     dispatch, ret = scn.overhead.dispatch_ms, scn.overhead.return_ms
@@ -126,6 +131,11 @@ def run_with_feedback(
     servers = [_Server(policy, scn.servers.slots) for _ in range(scn.servers.count)]
     clock = _Clock()
     gate = gate_for(scn, clock) if scn.admission.enabled else None
+    need_wait = gate is not None and gate.needs_wait
+    if need_wait and waits is None:
+        raise ValueError("the predictive admission rule needs the servers' wait estimates")
+    estimating = waits is not None and (need_wait or waits.record)
+    percentile = np.array([c.percentile for c in scn.classes])
     # Outcomes on their way to the handler: (known at ms, seq, task or ~query).
     notes: list[tuple[float, int, int]] = []
     # Servers with queued tasks: (when a slot frees, server, version).
@@ -177,12 +187,54 @@ def run_with_feedback(
             pop_one(s, srv)
             schedule(s, srv)
 
+    def settle(s: int, srv: _Server, a: float) -> None:
+        """This server's dequeues up to time a (before a task joins its queue)."""
+        while srv.queued and srv.free[0] <= a:
+            pop_one(s, srv)
+
+    def estimate(q: int, a: float) -> tuple[list[int], list[WaitEstimate]]:
+        """Each target's queue wait for a task of query q joining at time a (QLM §6)."""
+        assert waits is not None
+        targets: list[int] = []
+        out: list[WaitEstimate] = []
+        slots = scn.servers.slots
+        c = int(w.cls[q])
+        mine = (float(budget_ms[q]), float(slo_ms[c]), int(prio[c]))
+        for gid in range(int(w.offsets[q]), int(w.offsets[q + 1])):
+            s = int(w.task_server[gid])
+            srv = servers[s]
+            settle(s, srv, a)
+            schedule(s, srv)
+            busy = sum(1 for f in srv.free if f > a)
+            probe = QueuedTask(
+                "", gid, float(deadline[gid]), float(slo_deadline[gid]), int(task_prio[gid]), a
+            )
+            ahead = srv.queue.ahead_of(probe)
+            m = waits.moments[s]
+            e = base = estimate_wait([(len(ahead), m)], busy, slots, m)
+            if waits.overtaking:
+                e = with_overtaking(
+                    e,
+                    [
+                        (rate, overtake_window(policy, mine, waits.group_keys[g]), m)  # type: ignore[index]
+                        for g, rate in waits.rates[s].rates(a)
+                    ],
+                    slots,
+                )
+            targets.append(s)
+            out.append(e)
+            if waits.record:
+                waits.est_mean[gid], waits.est_sd[gid] = e.mean_ms, e.sd_ms
+                waits.base_mean[gid], waits.base_sd[gid] = base.mean_ms, base.sd_ms
+                waits.est_ahead[gid] = e.ahead
+                waits.est_groups[gid] = len({int(w.cls[task_query[t.item]]) for t in ahead})
+        return targets, out
+
     def arrive(gid: int, a: float) -> None:
         nonlocal queued_total
         s = int(w.task_server[gid])
         srv = servers[s]
-        while srv.queued and srv.free[0] <= a:
-            pop_one(s, srv)  # this server's dequeues before the task joins its queue
+        settle(s, srv, a)
         if not srv.queued and srv.free[0] <= a:
             begin(gid, s, a)  # idle server, empty queue: served at once (§III.B)
             heapq.heapreplace(srv.free, a + occupy[gid])
@@ -240,6 +292,17 @@ def run_with_feedback(
         if math.isnan(budget_ms[q]):
             continue  # its SLO is below x_p^u: the gateway's 422
         c = int(w.cls[q])
+        a = t if central else t + dispatch
+        meet, wait_ms = 1.0, 0.0
+        if estimating:
+            assert waits is not None
+            targets, ests = estimate(q, a)
+            if need_wait:
+                # The slack left for queueing and post-queuing time: the SLO less the time
+                # held on deferrals and, with server queueing, the way to the server.
+                slack = float(slo_ms[c]) - waited * 1000.0 - (a - t)
+                meet = waits.meet(targets, ests, slack)
+                wait_ms = max(e.mean_ms for e in ests)
         if gate is not None and not gate.clearly_admitted():
             info = QueryInfo(
                 names[c],
@@ -248,6 +311,9 @@ def run_with_feedback(
                 float(slo_ms[c]),
                 float(unloaded_ms[q]),
                 waited,
+                float(percentile[c]),
+                meet,
+                wait_ms,
             )
             d = gate.decide(info, queue_pressure)
             if d.action is Action.REJECT:
@@ -259,7 +325,12 @@ def run_with_feedback(
                 heapq.heappush(events, (t + d.defer_s * 1000.0, seq, q, waited + d.defer_s))
                 continue
         admitted[q] = True
-        a = t if central else t + dispatch
+        if waits is not None:
+            # The query's request group (class, fanout) arrives at each of its servers.
+            group = (c, int(w.fanout[q]))
+            waits.group_keys[group] = (float(budget_ms[q]), float(slo_ms[c]), int(prio[c]))
+            for gid in range(int(w.offsets[q]), int(w.offsets[q + 1])):
+                waits.rates[int(w.task_server[gid])].add(group, a)
         for gid in range(int(w.offsets[q]), int(w.offsets[q + 1])):
             arrive(gid, a)
     advance(math.inf)

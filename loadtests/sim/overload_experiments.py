@@ -21,7 +21,6 @@
 from __future__ import annotations
 
 import itertools
-import math
 import statistics
 from dataclasses import replace
 from pathlib import Path
@@ -29,13 +28,13 @@ from typing import Any
 
 import numpy as np
 
-from admission import AdmissionConfig, AdmissionPolicy, Rule
+from admission import Rule
 from loadtests.sim import experiments as ex
+from loadtests.sim.admission_runs import calibrate, count_window_s, pm, rule_scenario, run_row
 from loadtests.sim.engine import SimResult, simulate
 from loadtests.sim.experiments import Experiment, _tick
 from loadtests.sim.output import md_table, write_csv
-from loadtests.sim.report import percentile, report
-from taskserver.queues import QueuePolicy
+from loadtests.sim.report import percentile
 
 ADMISSION_LOADS = (0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 RULES = (
@@ -53,6 +52,7 @@ RULE_TITLES = {
     Rule.LOWEST_CLASS_FIRST: "lowest class first",
     Rule.LARGEST_FANOUT_FIRST: "largest fanout first",
     Rule.COST_LADDER: "cost ladder",
+    Rule.PREDICTIVE: "predictive (experiment predictive-admission)",
 }
 assert set(RULE_TITLES) == set(Rule)
 WINDOW_FRACTIONS = (1 / 30, 1 / 10, 1 / 3, 1.0)
@@ -64,43 +64,14 @@ TIMELINE_BIN_S = 0.5
 # --- Jobs (module level: they run in worker processes) -----------------------------------
 
 
-def _run_row(scn: Any, load: float, rule: str) -> dict[str, Any]:
-    res = simulate(scn, load)
-    rep = report(res)
-    row: dict[str, Any] = {
-        "rule": rule,
-        "offered_load": load,
-        "accepted_load": res.accepted_load,
-        "miss_ratio": res.miss_ratio,
-        "admission_rejected": res.admission_rejected,
-        "measured_queries": res.measured_queries,
-        "all_met": rep.met,
-    }
-    for name, stat in rep.classes.items():
-        row[f"p99_{name}_ms"] = stat.latency_ms
-        row[f"slo_{name}_ms"] = stat.slo_ms
-        row[f"met_{name}"] = stat.met
-    return row
-
-
-def _rule_scenario(scn: Any, rule: str, threshold: float, window_s: float) -> Any:
-    """The scenario under one rule: none, reject-all on a time window, or the throttle."""
-    if rule == Rule.NONE:
-        return replace(scn, admission=AdmissionConfig(policy=AdmissionPolicy.NONE))
-    a = replace(scn.admission, rule=rule, threshold=threshold)
-    if rule == "reject-all":
-        a = replace(a, window_tasks=0, window_s=window_s)
-    return replace(scn, admission=a)
-
-
 def _admission_curve(
     job: int, scn: Any, rule: str, threshold: float, window_s: float, loads: tuple[float, ...]
 ) -> list[dict[str, Any]]:
     """Every offered load under one rule (none, reject-all or throttle)."""
-    run_scn = _rule_scenario(scn, rule, threshold, window_s)
+    run_scn = rule_scenario(scn, rule, threshold, window_s)
     rows = []
     for load in loads:
-        rows.append(_run_row(run_scn, load, rule))
+        rows.append(run_row(run_scn, load, rule))
         _tick(job)
     return rows
 
@@ -116,7 +87,7 @@ def _admission_timeline(
     job: int, scn: Any, rule: str, threshold: float, window_s: float, load: float
 ) -> dict[str, Any]:
     """Queries offered and admitted, and the admitted queries' p99 of class I, per bin."""
-    res = simulate(_rule_scenario(scn, rule, threshold, window_s), load)
+    res = simulate(rule_scenario(scn, rule, threshold, window_s), load)
     _tick(job)
     assert res.offered_arrival_ms is not None and res.arrival_ms is not None
     t0 = float(res.offered_arrival_ms[0])
@@ -129,49 +100,6 @@ def _admission_timeline(
         "offered": offered.tolist(),
         "admitted": admitted.tolist(),
     }
-
-
-def _calibrate(job: int, scn: Any, tol: float) -> tuple[float, float]:
-    """(max load without admission, R_cth^U: the miss ratio without admission there)."""
-    from loadtests.sim.maxload import find_max_load
-
-    bare = replace(scn, admission=AdmissionConfig(policy=AdmissionPolicy.NONE))
-    m = find_max_load(
-        bare, QueuePolicy.TF_EDFQ, lo=ex.LOW, hi=ex.HIGH, tol=tol, run=ex._runner(job)
-    )
-    res = simulate(bare, m.max_load) if m.max_load > 0 else None
-    _tick(job)
-    return m.max_load, (res.miss_ratio if res is not None else math.nan)
-
-
-def _finite_mean(values: list[float]) -> float:
-    finite = [v for v in values if math.isfinite(v)]
-    return statistics.fmean(finite) if finite else math.nan
-
-
-def pm(values: list[float], fmt: str = ".3f") -> str:
-    """Mean ± the 95% CI of the finite values ("-" without any: no query of that kind)."""
-    from loadtests.sim.maxload import ci95
-
-    finite = [v for v in values if math.isfinite(v)]
-    if not finite:
-        return "-"
-    text = format(statistics.fmean(finite), fmt)
-    if len(finite) > 1:
-        text += f" ± {ci95(finite):{fmt.lstrip('+')}}"
-    if len(finite) < len(values):
-        text += f" ({len(finite)} of {len(values)} seeds)"
-    return text
-
-
-def _window_s(scn: Any, max_load: float) -> float:
-    """Seconds the scenario's count window of tasks takes to fill at the max load."""
-    from loadtests.sim.workload import make_workload
-
-    w = make_workload(scn, max_load)
-    span_ms = float(w.arrival_ms[-1] - w.arrival_ms[0])
-    tasks_per_ms = w.tasks / span_ms
-    return scn.admission.window_tasks / tasks_per_ms / 1000.0
 
 
 def _autoscale_run(job: int, scn: Any, load: float, on: bool) -> dict[str, Any]:
@@ -250,9 +178,11 @@ def admission(st: Any, base: Any) -> list[str]:
     seeded = st.seeded(scn)
     pool = st.pool("admission: max load without admission and R_cth^U")
     for s in seeded:
-        pool.add(_calibrate, (s, st.tol), ex._bisection_runs(ex.HIGH - ex.LOW, st.tol) + 1)
+        pool.add(calibrate, (s, st.tol), ex._bisection_runs(ex.HIGH - ex.LOW, st.tol) + 1)
     calib = pool.run()
-    windows = [_window_s(s, m) if m > 0 else 0.1 for s, (m, _) in zip(seeded, calib, strict=True)]
+    windows = [
+        count_window_s(s, m) if m > 0 else 0.1 for s, (m, _) in zip(seeded, calib, strict=True)
+    ]
     pool = st.pool("admission: offered-load sweeps")
     for s, (_, thr), win in zip(seeded, calib, windows, strict=True):
         for rule in RULES:

@@ -310,3 +310,46 @@ def test_pard_experiment_without_a_profile_says_how_to_make_one(tmp_path: Path) 
 def test_pard_experiment_refuses_an_unknown_trace(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="runs the traces periodic, bursty, spiky, got wiki"):
         run_experiment("pard-dag", tmp_path, apps=["wiki"], quiet=True)
+
+
+def test_wait_estimator_experiment_compares_both_estimates(
+    tmp_path: Path, tailbench_dir: Path
+) -> None:
+    md = run_tiny("wait-estimator", tmp_path, tailbench_dir, queries=800)
+    rows = read_csv(tmp_path / "wait-estimator" / "wait_estimator.csv")
+    assert {(r["policy"], r["estimate"]) for r in rows} == {
+        (p, e) for p in ("fifo", "tf-edfq") for e in ("qlm", "overtaking")
+    }
+    for r in rows:
+        assert int(r["n"]) > 0 and -1.0 < float(r["r2"]) <= 1.0
+        if r["policy"] == "fifo":  # nothing overtakes under FIFO: the two estimates agree
+            twin = next(
+                o for o in rows
+                if (o["policy"], o["load"], o["class"], o["estimate"])
+                == ("fifo", r["load"], r["class"], "qlm")
+            )  # fmt: skip
+            assert r["mean_est"] == twin["mean_est"]
+    text = md.read_text(encoding="utf-8")
+    assert "## By queue position (QLM Fig. 3's view)" in text
+    assert "## By number of request groups queued ahead" in text
+    png = tmp_path / "wait-estimator" / "wait_by_position.png"
+    assert png.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_predictive_admission_experiment_sweeps_multiples_of_the_max_load(
+    tmp_path: Path, tailbench_dir: Path
+) -> None:
+    from loadtests.sim.qlm_experiments import PREDICTIVE_MULTIPLES, PREDICTIVE_RULES
+
+    md = run_tiny("predictive-admission", tmp_path, tailbench_dir, queries=1500, tol=0.3)
+    rows = read_csv(tmp_path / "predictive-admission" / "predictive_admission.csv")
+    assert [(r["rule"], float(r["multiple"])) for r in rows] == [
+        (rule, m) for rule in PREDICTIVE_RULES for m in PREDICTIVE_MULTIPLES
+    ]
+    for r in rows:
+        assert float(r["accepted_load"]) <= float(r["offered_load"]) + 1e-9
+        if r["rule"] == "none":
+            assert int(r["admission_rejected"]) == 0
+    top = [r for r in rows if r["rule"] == "predictive" and float(r["multiple"]) == 3.0]
+    assert int(top[0]["admission_rejected"]) > 0  # at 3x the max load it turns queries away
+    assert "target met" in md.read_text(encoding="utf-8")

@@ -116,3 +116,62 @@ def test_vertical_scaling_speeds_up_the_tasks_that_start_after_it() -> None:
     assert on.scaling and on.scaling[0]["to_scale"] < 1.0  # stepped up: 20% faster service
     off = simulate(parse_scenario(_doc(scenario())), 1.0)
     assert on.miss_ratio < off.miss_ratio
+
+
+def _run(scn: Scenario, load: float, policy: str, record: bool) -> tuple[Any, Any, Any]:
+    from loadtests.sim.engine import build_book, query_budgets
+    from loadtests.sim.events import run_with_feedback
+    from loadtests.sim.waits import SimWaits
+    from loadtests.sim.workload import make_workload
+
+    w = make_workload(scn, load)
+    book, ids = build_book(scn)
+    budget = query_budgets(scn, w, book, ids)
+    slo = np.array([c.slo_ms for c in scn.classes])
+    waits = SimWaits.of(book, ids, w.tasks, record=True) if record else None
+    return w, run_with_feedback(scn, w, policy, budget, slo[w.cls] - budget, None, waits), waits
+
+
+@pytest.mark.parametrize("policy", ["fifo", "tf-edfq"])
+def test_estimating_waits_leaves_the_schedule_alone_and_fifo_means_are_unbiased(
+    policy: str,
+) -> None:
+    scn = scenario(run={"policy": policy, "queries": 6_000, "seed": 3})
+    w, plain, _ = _run(scn, 0.7, policy, record=False)
+    _, recorded, waits = _run(scn, 0.7, policy, record=True)
+    np.testing.assert_array_equal(plain.start, recorded.start)
+    assert waits is not None
+    tq = np.repeat(np.arange(w.queries), w.fanout)
+    actual = recorded.start - w.arrival_ms[tq]
+    queued = waits.est_mean > 0
+    assert queued.mean() > 0.3  # most tasks found their server busy at load 0.7
+    if policy == "fifo":
+        # Exponential service, one slot: given n in the system the wait is Erlang(n), so the
+        # estimate is the conditional mean and the two means agree.
+        assert waits.est_mean[queued].mean() == pytest.approx(actual[queued].mean(), rel=0.05)
+        np.testing.assert_array_equal(waits.est_mean, waits.base_mean)  # nothing overtakes
+    else:
+        # Class II tasks are overtaken by later class-I ones: QLM's estimate falls short of
+        # the actual mean, and adding the overtaking arrivals closes most of the gap.
+        ii = queued & (w.cls[tq] == 1)
+        short_qlm = actual[ii].mean() - waits.base_mean[ii].mean()
+        short_ours = actual[ii].mean() - waits.est_mean[ii].mean()
+        assert short_qlm > 0.1 * actual[ii].mean()
+        assert abs(short_ours) < 0.5 * short_qlm
+
+
+def test_predictive_admission_turns_away_what_would_miss() -> None:
+    doc = {"admission": {"rule": "predictive"}}
+    base = scenario(run={"policy": "tf-edfq", "queries": 6_000, "seed": 3})
+    pred = parse_scenario({**_doc(base), **doc})
+    calm = simulate(pred, 0.3)
+    assert calm.admission_rejected < 0.03 * calm.measured_queries  # a few find a long queue
+    hot, bare = simulate(pred, 1.5), simulate(base, 1.5)
+    assert bare.admission_rejected == 0
+    # Offered 1.5x what the servers can do: the rule keeps the accepted load below 1 and
+    # the p99 of admitted queries near their SLOs instead of growing without bound.
+    assert 0.3 * hot.measured_queries < hot.admission_rejected < hot.measured_queries
+    assert hot.accepted_load < 1.0
+    for i, c in enumerate(pred.classes):
+        assert np.percentile(hot.latency_ms[hot.cls == i], 99) < 2 * c.slo_ms
+        assert np.percentile(bare.latency_ms[bare.cls == i], 99) > 10 * c.slo_ms

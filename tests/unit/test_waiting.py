@@ -10,13 +10,16 @@ import numpy as np
 import pytest
 
 from admission import PolicyValueError
+from admission.groups import ArrivalRates
 from admission.waiting import (
     NO_WAIT,
     ServiceMoments,
     WaitEstimate,
     estimate_wait,
     meet_probability,
+    overtake_window,
     query_on_time,
+    with_overtaking,
 )
 from taskserver.queues import QueuedTask, create_task_queue
 
@@ -183,3 +186,57 @@ def test_meet_probability_closed_forms() -> None:
     both = meet_probability([(f, [NO_WAIT]), (g, [NO_WAIT])], 2.0)
     assert both == pytest.approx((1 - math.exp(-2)) * (1 - math.exp(-4)))
     assert meet_probability([(f, [NO_WAIT])], 0.0) == 0.0
+
+
+def test_overtaking_is_the_priority_queue_wait() -> None:
+    base = WaitEstimate(1.0, 0.5, 2)
+    s = ServiceMoments.exponential(1.0)
+    # Always overtaking at rho = 0.25: the M/G/1 priority wait W0 / (1 - rho) and the delay
+    # busy period's variance Var0 / (1 - rho)^2 + E[W0] lambda E[S^2] / (1 - rho)^3.
+    e = with_overtaking(base, [(0.25, math.inf, s)], 1)
+    assert e.mean_ms == pytest.approx(1.0 / 0.75)
+    assert e.sd_ms**2 == pytest.approx(0.25 / 0.75**2 + 1.0 * 0.25 * 2.0 / 0.75**3)
+    assert e.ahead == 2
+    # A window shorter than the wait closes: the group adds rho * window as fixed work.
+    e = with_overtaking(base, [(0.25, 0.5, s)], 1)
+    assert e.mean_ms == pytest.approx(1.0 + 0.25 * 0.5)
+    # Two windows: the wider one stays open past the narrower one's end.
+    e = with_overtaking(base, [(0.25, 0.5, s), (0.25, math.inf, s)], 1)
+    assert e.mean_ms == pytest.approx((1.0 + 0.125) / 0.75)
+    # Two slots share the overtakers' work.
+    assert with_overtaking(base, [(0.5, math.inf, s)], 2).mean_ms == pytest.approx(1.0 / 0.75)
+    # Nothing overtakes a task that starts at once, or under FIFO; rho >= 1 never ends.
+    assert with_overtaking(NO_WAIT, [(0.25, math.inf, s)], 1) == NO_WAIT
+    assert with_overtaking(base, [(0.25, 0.0, s)], 1) == base
+    assert with_overtaking(base, [(1.0, math.inf, s)], 1).mean_ms == math.inf
+    assert with_overtaking(base, [(1.0, math.inf, s)], 1).within(1e9) == 0.0
+
+
+def test_overtake_window_follows_the_queue_order() -> None:
+    tight, loose = (0.4, 1.0, 0), (0.9, 1.5, 1)  # (budget T_b, SLO, priority)
+    assert overtake_window("tf-edfq", loose, tight) == pytest.approx(0.5)
+    assert overtake_window("tf-edfq", tight, loose) == 0.0
+    assert overtake_window("t-edfq", loose, tight) == pytest.approx(0.5)
+    assert overtake_window("priq", loose, tight) == math.inf
+    assert overtake_window("priq", tight, loose) == 0.0
+    assert overtake_window("fifo", loose, tight) == 0.0
+    with pytest.raises(PolicyValueError, match="queue policy"):
+        overtake_window("lifo", loose, tight)
+
+
+def test_arrival_rates_estimate_a_poisson_rate_and_forget() -> None:
+    rates = ArrivalRates(tau=100.0)
+    rng = random.Random(5)
+    t = 0.0
+    while t < 5000.0:
+        t += rng.expovariate(2.0)
+        rates.add("a", t)
+    assert rates.rate("a", t) == pytest.approx(2.0, rel=0.2)
+    assert rates.rate("b", t) == 0.0
+    # Silence for one tau leaves 1/e of the rate; a time before the last arrival reads it as
+    # of then (no growth backwards).
+    assert rates.rate("a", t + 100.0) == pytest.approx(rates.rate("a", t) / math.e)
+    assert rates.rate("a", t - 10.0) == rates.rate("a", t)
+    assert dict(rates.rates(t)) == {"a": rates.rate("a", t)}
+    with pytest.raises(PolicyValueError, match="tau"):
+        ArrivalRates(0.0)
