@@ -1,4 +1,4 @@
-"""Request groups' arrival rates (QLM §4): what the waiting-time estimator needs of them.
+"""Request groups (QLM §4) and their arrival rates, as the estimator and operators need them.
 
 QLM groups requests that share a size law and an SLO, and reasons about each group's
 arrivals and work rather than each request's. The waiting-time estimator
@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Iterator
+from dataclasses import dataclass
+from typing import Any
 
 from admission.errors import PolicyValueError
 
-__all__ = ["ArrivalRates"]
+__all__ = ["ArrivalRates", "GroupStats", "RequestGroups", "cost_bucket"]
 
 
 class ArrivalRates:
@@ -64,3 +66,90 @@ class ArrivalRates:
 
     def __len__(self) -> int:
         return len(self._counts)
+
+
+def cost_bucket(cost: float) -> int:
+    """A query's cost bucket: k with 2^k <= cost < 2^(k+1) (cost in ms of server time)."""
+    if not (cost > 0 and math.isfinite(cost)):
+        raise PolicyValueError(f"query cost: must be > 0 and finite, got {cost!r}")
+    return math.floor(math.log2(cost))
+
+
+@dataclass(slots=True)
+class GroupStats:
+    """One request group's arrivals, cost and outstanding work (QLM §4)."""
+
+    queries: int = 0
+    tasks_outstanding: int = 0
+    cost_sum: float = 0.0
+    service_ms_sum: float = 0.0
+    service_samples: int = 0
+
+    @property
+    def mean_cost(self) -> float:
+        """Mean cost of its queries (k_f * x_p^u, ms of server time)."""
+        return self.cost_sum / self.queries if self.queries else 0.0
+
+    @property
+    def mean_service_ms(self) -> float:
+        """Mean service time of its finished tasks (0 before the first)."""
+        return self.service_ms_sum / self.service_samples if self.service_samples else 0.0
+
+
+class RequestGroups:
+    """Request groups (QLM §4, Definition 4.1): queries that share a class (SLO), a pool and
+    a cost bucket, with per-group arrival rate, cost and outstanding tasks.
+
+    The estimated drain time of a group is its outstanding tasks' mean service over the
+    pool's slots (QLM eq. 2 applied to the group alone): how long the group's own work
+    holds the pool if nothing else ran.
+    """
+
+    def __init__(self, rate_window: float) -> None:
+        self.rates = ArrivalRates(rate_window)
+        self.groups: dict[tuple[str, str, int], GroupStats] = {}
+
+    @staticmethod
+    def key(cls: str, pool: str, cost: float) -> tuple[str, str, int]:
+        """The group a query belongs to."""
+        return (cls, pool, cost_bucket(cost))
+
+    def admitted(self, key: tuple[str, str, int], cost: float, tasks: int, now: float) -> None:
+        """A query of the group was dispatched with `tasks` tasks."""
+        g = self.groups.get(key)
+        if g is None:
+            g = self.groups[key] = GroupStats()
+        g.queries += 1
+        g.cost_sum += cost
+        g.tasks_outstanding += tasks
+        self.rates.add(key, now)
+
+    def task_done(self, key: tuple[str, str, int], service_ms: float | None) -> None:
+        """One of its tasks ended (with its service time when it ran)."""
+        g = self.groups.get(key)
+        if g is None:
+            return
+        g.tasks_outstanding = max(g.tasks_outstanding - 1, 0)
+        if service_ms is not None and service_ms >= 0 and math.isfinite(service_ms):
+            g.service_ms_sum += service_ms
+            g.service_samples += 1
+
+    def snapshot(self, now: float, slots: dict[str, int]) -> list[dict[str, Any]]:
+        """Every group with its statistics (GET /v1/groups); `slots` per pool."""
+        out = []
+        for (cls, pool, bucket), g in sorted(self.groups.items()):
+            drain = g.tasks_outstanding * g.mean_service_ms / max(slots.get(pool, 1), 1)
+            out.append(
+                {
+                    "class": cls,
+                    "pool": pool,
+                    "cost_bucket": [2.0**bucket, 2.0 ** (bucket + 1)],
+                    "queries": g.queries,
+                    "arrival_rate": self.rates.rate((cls, pool, bucket), now),
+                    "mean_cost_ms": g.mean_cost,
+                    "tasks_outstanding": g.tasks_outstanding,
+                    "mean_service_ms": g.mean_service_ms,
+                    "estimated_drain_ms": drain,
+                }
+            )
+        return out

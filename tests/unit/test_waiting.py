@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from admission import PolicyValueError
-from admission.groups import ArrivalRates
+from admission.groups import ArrivalRates, RequestGroups, cost_bucket
 from admission.waiting import (
     NO_WAIT,
     ServiceMoments,
@@ -240,3 +240,23 @@ def test_arrival_rates_estimate_a_poisson_rate_and_forget() -> None:
     assert dict(rates.rates(t)) == {"a": rates.rate("a", t)}
     with pytest.raises(PolicyValueError, match="tau"):
         ArrivalRates(0.0)
+
+
+def test_request_groups_keep_arrivals_cost_and_outstanding_work() -> None:
+    groups = RequestGroups(rate_window=1000.0)
+    assert cost_bucket(1.0) == 0 and cost_bucket(3.9) == 1 and cost_bucket(0.3) == -2
+    key = groups.key("I", "default", 17.6)  # k_f 100 x 0.176 ms
+    assert key == ("I", "default", 4)
+    for i in range(4):
+        groups.admitted(key, 17.6, 100, now=float(i))
+    for _ in range(150):
+        groups.task_done(key, 0.2)
+    groups.task_done(("II", "default", 4), 0.2)  # an unknown group: ignored
+    (row,) = groups.snapshot(3.0, {"default": 50})
+    assert row["queries"] == 4 and row["tasks_outstanding"] == 250
+    assert row["mean_cost_ms"] == pytest.approx(17.6) and row["cost_bucket"] == [16.0, 32.0]
+    # Drain: 250 tasks x 0.2 ms over 50 slots.
+    assert row["estimated_drain_ms"] == pytest.approx(1.0)
+    assert row["arrival_rate"] > 0
+    with pytest.raises(PolicyValueError, match="cost"):
+        cost_bucket(0.0)
