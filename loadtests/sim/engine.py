@@ -145,6 +145,24 @@ def query_budgets(scn: Scenario, w: Workload, book: CdfBook, ids: list[str]) -> 
     return budgets[inverse.ravel()]
 
 
+def _planner(
+    scn: Scenario, book: CdfBook, ids: list[str]
+) -> Callable[[int, list[int]], tuple[float, float]]:
+    """(T_b, x_p^u) of a query of class c over exactly these servers (TailGuard eq. 1-4);
+    (NaN, NaN) where its SLO is below x_p^u (the gateway's 422)."""
+    est = DeadlineEstimator(book)
+
+    def plan(c: int, servers: list[int]) -> tuple[float, float]:
+        cls = scn.classes[c]
+        try:
+            p = est.plan([ids[s] for s in servers], cls.percentile, cls.slo_ms)
+        except SloUnreachable:
+            return math.nan, math.nan
+        return p.budget_ms, p.unloaded_ms
+
+    return plan
+
+
 def simulate(
     scn: Scenario,
     load: float,
@@ -189,22 +207,29 @@ def simulate(
     admission_rejected = np.zeros(w.queries, dtype=bool)
     scaler = _SimScaler(scn.autoscaling) if scn.autoscaling.enabled else None
     deferred = 0
-    if scn.admission.policy != "none" or scaler is not None:
+    least_wait = scn.run.pick == "least-wait"
+    if scn.admission.policy != "none" or scaler is not None or least_wait:
         if controller is not None:
             raise ValueError(
-                "budget adjustment cannot run with admission control or autoscaling in the "
-                "simulator"
+                "budget adjustment cannot run with admission control, autoscaling or least-wait "
+                "choice in the simulator"
             )
         # Feedback loops learn each task's outcome in time: the event-driven engine.
-        waits = (
-            SimWaits.of(book, ids, w.tasks)
-            if scn.admission.effective_rule == "predictive"
-            else None
-        )
+        predictive = scn.admission.effective_rule == "predictive"
+        waits = SimWaits.of(book, ids, w.tasks) if predictive or least_wait else None
         fb = run_with_feedback(
-            scn, w, policy, base_budget, slo_ms[w.cls] - base_budget, scaler, waits
+            scn,
+            w,
+            policy,
+            base_budget,
+            slo_ms[w.cls] - base_budget,
+            scaler,
+            waits,
+            _planner(scn, book, ids) if least_wait else None,
         )
         start, occupy, deferred = fb.start, fb.occupy, fb.deferred
+        if fb.budget_ms is not None:
+            budget = np.nan_to_num(fb.budget_ms)
         admitted, admission_rejected = fb.admitted, fb.admission_rejected
         keep = admitted[tq]
         arrays.deadline[:] = t0 + budget[tq]

@@ -20,7 +20,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -50,6 +50,8 @@ class FeedbackRun:
     deferred: int
     """DEFER decisions taken (a query may be deferred several times)."""
     scaling: list[dict[str, float]]
+    budget_ms: np.ndarray | None = None
+    """Per query: the T_b it ran with (changed from the caller's by least-wait choice)."""
 
 
 class _Clock:
@@ -101,6 +103,7 @@ def run_with_feedback(
     unloaded_ms: np.ndarray,
     scaler: Any | None,
     waits: SimWaits | None = None,
+    planner: Callable[[int, list[int]], tuple[float, float]] | None = None,
 ) -> FeedbackRun:
     """Simulate every query in arrival order with admission (scn.admission) and/or the
     vertical autoscaler `scaler` (engine._SimScaler) in the loop.
@@ -109,7 +112,21 @@ def run_with_feedback(
     its x_p^u. `waits` (needed by the ``predictive`` rule, or recording for the
     wait-estimator experiment): each target's queue wait is estimated from its exact state
     as the query arrives (QLM §6, `admission.waiting`).
+
+    `planner` (``pick = "least-wait"``, with `waits`): a query of k_f < N tasks goes to the
+    k_f servers with the smallest estimated wait for a task joining at the back of their
+    queue (QLM's load balancing across instances; ties go to the faster server, then to the
+    workload's own random order), its service times follow the servers' scales, and
+    planner(class, servers) gives its (T_b, x_p^u) over exactly those servers (TailGuard
+    eq. 1-4; NaN T_b: unreachable, refused). `budget_ms`, `unloaded_ms` and `w` are then
+    copied, not changed.
     """
+    if planner is not None:
+        if waits is None:
+            raise ValueError("least-wait choice needs the servers' wait estimates")
+        budget_ms, unloaded_ms = budget_ms.copy(), unloaded_ms.copy()
+        w = replace(w, task_server=w.task_server.copy(), task_service_ms=w.task_service_ms.copy())
+    scales = np.asarray(scn.servers.scales())
     central = scn.run.queueing == "central"
     dispatch, ret = scn.overhead.dispatch_ms, scn.overhead.return_ms
     names = [c.name for c in scn.classes]
@@ -230,6 +247,41 @@ def run_with_feedback(
                 waits.est_groups[gid] = len({int(w.cls[task_query[t.item]]) for t in ahead})
         return targets, out
 
+    def back_of_queue(s: int, a: float) -> WaitEstimate:
+        """The wait of a task joining server s at time a behind everything queued there."""
+        assert waits is not None
+        srv = servers[s]
+        settle(s, srv, a)
+        schedule(s, srv)
+        m = waits.moments[s]
+        busy = sum(1 for f in srv.free if f > a)
+        return estimate_wait([(srv.queued, m)], busy, scn.servers.slots, m)
+
+    def least_wait(q: int, a: float) -> None:
+        """Move query q's tasks to the servers with the smallest estimated wait, re-plan."""
+        assert planner is not None and waits is not None
+        lo, hi = int(w.offsets[q]), int(w.offsets[q + 1])
+        k = hi - lo
+        if k >= len(servers):
+            return
+        mine = w.task_server[lo:hi]
+        # Ties: the faster server, then the workload's random pick, then the server index.
+        rank = np.full(len(servers), 1)
+        rank[mine] = 0
+        order = sorted(
+            range(len(servers)),
+            key=lambda s: (back_of_queue(s, a).mean_ms, scales[s], rank[s], s),
+        )
+        chosen = order[:k]
+        for gid, s in zip(range(lo, hi), chosen, strict=True):
+            old = int(w.task_server[gid])
+            service[gid] = service[gid] / scales[old] * scales[s]
+            w.task_server[gid] = s
+        c = int(w.cls[q])
+        budget_ms[q], unloaded_ms[q] = planner(c, chosen)
+        t_d = w.arrival_ms[q] + (0.0 if math.isnan(budget_ms[q]) else budget_ms[q])
+        deadline[lo:hi] = t_d
+
     def arrive(gid: int, a: float) -> None:
         nonlocal queued_total
         s = int(w.task_server[gid])
@@ -284,6 +336,8 @@ def run_with_feedback(
         else:
             q, t, waited = next_q, float(arrival[next_q]), 0.0
             next_q += 1
+            if planner is not None:
+                least_wait(q, t if central else t + dispatch)
         advance(t)
         clock.now_s = t / 1000.0
         deliver(t)
@@ -335,5 +389,11 @@ def run_with_feedback(
             arrive(gid, a)
     advance(math.inf)
     return FeedbackRun(
-        start, occupy, admitted, rejected, deferred, scaler.actions if scaler is not None else []
+        start,
+        occupy,
+        admitted,
+        rejected,
+        deferred,
+        scaler.actions if scaler is not None else [],
+        budget_ms,
     )

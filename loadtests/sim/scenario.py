@@ -227,9 +227,14 @@ class RunSpec:
     """server: tasks queue at the servers; central: at the handler, one queue per server."""
     budget_adjust: bool = False
     """Adjust each class's budget at run time from its tail-vs-SLO gap (beyond the paper)."""
+    pick: str = "random"
+    """How a query's k_f servers are chosen: random, or least-wait (the k with the smallest
+    estimated queue wait as it arrives, QLM's load balancing)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "policy", QueuePolicy.parse(self.policy))
+        if self.pick not in ("random", "least-wait"):
+            raise ValueError(f"pick: must be 'random' or 'least-wait', got {self.pick!r}")
         if self.queries < 10:
             raise ValueError(f"queries: must be >= 10, got {self.queries}")
         if not 0 <= self.warmup < 0.9:

@@ -102,7 +102,7 @@ def _cached_draws(scn: Scenario) -> _Draws:
     key = repr(
         replace(
             scn,
-            run=replace(scn.run, policy=QueuePolicy.FIFO, budget_adjust=False),
+            run=replace(scn.run, policy=QueuePolicy.FIFO, budget_adjust=False, pick="random"),
             admission=replace(scn.admission, policy=AdmissionPolicy.NONE),
             autoscaling=replace(scn.autoscaling, enabled=False),
         )

@@ -353,3 +353,14 @@ def test_predictive_admission_experiment_sweeps_multiples_of_the_max_load(
     top = [r for r in rows if r["rule"] == "predictive" and float(r["multiple"]) == 3.0]
     assert int(top[0]["admission_rejected"]) > 0  # at 3x the max load it turns queries away
     assert "target met" in md.read_text(encoding="utf-8")
+
+
+def test_least_wait_experiment_searches_both_picks(tmp_path: Path, tailbench_dir: Path) -> None:
+    md = run_tiny("least-wait", tmp_path, tailbench_dir, queries=600, tol=0.3)
+    rows = read_csv(tmp_path / "least-wait" / "least_wait.csv")
+    assert {(r["policy"], r["pick"]) for r in rows} == {
+        (p, k) for p in ("fifo", "tf-edfq") for k in ("random", "least-wait")
+    }
+    # 600 queries hold too few of the k = 10 type to judge its p99: said, never called met.
+    assert all(float(r["max_load"]) == 0.0 for r in rows)
+    assert "Unjudged probes (not called met)" in md.read_text(encoding="utf-8")

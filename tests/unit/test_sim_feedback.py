@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -175,3 +176,22 @@ def test_predictive_admission_turns_away_what_would_miss() -> None:
     for i, c in enumerate(pred.classes):
         assert np.percentile(hot.latency_ms[hot.cls == i], 99) < 2 * c.slo_ms
         assert np.percentile(bare.latency_ms[bare.cls == i], 99) > 10 * c.slo_ms
+
+
+def test_least_wait_choice_beats_random_on_a_heterogeneous_pool(tailbench_dir: Path) -> None:
+    from dataclasses import replace
+
+    from loadtests.sim.scenario import load_scenario
+
+    scn = load_scenario(Path(__file__).parents[2] / "loadtests/scenarios/least-wait.toml")
+    scn = scn.with_service(replace(scn.service, path=str(tailbench_dir / "masstree_quantiles.txt")))
+    scn = replace(scn, run=replace(scn.run, queries=4_000))
+    rand = simulate(replace(scn, run=replace(scn.run, pick="random")), 0.6)
+    least = simulate(scn, 0.6)
+    assert scn.run.pick == "least-wait"
+    assert least.accepted_load == pytest.approx(rand.accepted_load)
+    # The same queries: least-wait keeps them off busy and slow servers, so the tail of
+    # the same offered load is a fraction of random choice's.
+    p99 = [float(np.percentile(r.latency_ms, 99)) for r in (rand, least)]
+    assert p99[1] < 0.5 * p99[0]
+    assert least.utilisation < rand.utilisation  # more work lands on the fast pool
