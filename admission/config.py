@@ -48,6 +48,9 @@ class AdmissionConfig:
     """throttle: integral gain on log(threshold / miss ratio) per step."""
     throttle_min_fraction: float = 0.02
     """throttle: the admitted fraction never drops below this (keeps the window fed)."""
+    ladder_shedding: str = "ladder"
+    """cost-ladder: the shedding order: ladder (the paper's rungs on cost buckets), uniform (a
+    share of every query) or reverse (the cheapest first): the paper's comparison rules."""
     predictive_level: float | None = None
     """predictive: admit a query predicted to meet its SLO with at least this probability
     (default: its class's percentile / 100)."""
@@ -77,6 +80,11 @@ class AdmissionConfig:
             ) from None
         if self.predictive_backstop is Rule.PREDICTIVE:
             raise ValueError("predictive_backstop: cannot be 'predictive' itself")
+        if self.ladder_shedding not in ("ladder", "uniform", "reverse"):
+            raise ValueError(
+                "ladder_shedding: must be one of ladder, uniform, reverse, "
+                f"got {self.ladder_shedding!r}"
+            )
         if self.predictive_level is not None and not 0 < self.predictive_level < 1:
             raise ValueError(f"predictive_level: must be in (0, 1), got {self.predictive_level}")
         if not 0 < self.threshold < 1:

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 from admission.config import AdmissionConfig
 from admission.controller import AdmissionController
 from admission.decisions import Decision, Pressure, QueryInfo, Signal
+from admission.rules import CostLadder
 from admission.tails import TailTracker
 from admission.window import MissRatioWindow
 
@@ -79,6 +80,7 @@ class AdmissionGate:
             throttle_interval_s=config.throttle_interval_s,
             throttle_gain=config.throttle_gain,
             throttle_min_fraction=config.throttle_min_fraction,
+            ladder=CostLadder(shedding=config.ladder_shedding),
             predictive_level=config.predictive_level,
             predictive_backstop=config.predictive_backstop,
             seed=seed,

@@ -18,8 +18,11 @@ the miss ratio is low (`clearly_admits`), so no shell compares rule names:
   p follows an integral controller that holds the windowed miss ratio at R_cth^U; see
   `admission.throttle`. Class-blind, like reject-all, but never all-or-nothing.
 - ``cost-ladder`` (`CostLadderRule`, client-side-scheduling §3.1, overload control): a
-  severity score climbs progressive rungs: defer → reject the costliest queries → reject
-  classes, least protected first; the most protected class is never rejected nor deferred.
+  severity score climbs the paper's rungs, acting on cost buckets (short / medium / long /
+  extra-long, cut at quantiles of recent query costs): admit → defer long → reject
+  extra-long → reject long; the smallest bucket is never rejected nor deferred. The paper's
+  comparison rules are the same ladder with ``uniform`` shedding (a share of every query,
+  cost-blind) or ``reverse`` shedding (the buckets turned round: the cheapest shed first).
 - ``predictive`` (`Predictive`, QLM §6's waiting-time estimator used for admission): reject a
   query whose predicted probability of meeting its SLO, from its targets' estimated queue
   waits (`admission.waiting`), is below the level (default: its class's percentile); a query
@@ -64,7 +67,8 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class CostLadder:
-    """Severity score and rungs of the overload cost ladder (client-side-scheduling §3.1).
+    """Severity score, rungs and cost buckets of the overload ladder (client-side-scheduling
+    §3.1).
 
     severity = w_miss * miss_ratio / threshold + w_queue * queue_pressure + w_tail * tail_ratio
 
@@ -73,17 +77,22 @@ class CostLadder:
     (1.0 = at the threshold). Weights are ours: the miss ratio at R_cth^U alone gives 0.5 (past
     the defer rung, just before TailGuard's own reject-all would fire); the tail at its SLO alone
     gives 0.3; all three signals at their limits give 1.0 (past every rung). The rung thresholds
-    0.45 / 0.65 / 0.80 are the paper's.
+    0.45 / 0.65 / 0.80 and the bucket weights medium 0, long 1, extra-long 2 are the paper's; the
+    paper buckets requests by predicted tokens, here a query's cost k_f * x_p^u(k_f) is placed
+    among the recent queries' costs (`bucket_cuts`, ours).
     """
 
     w_miss: float = 0.5
     w_queue: float = 0.2
     w_tail: float = 0.3
-    defer_at: float = 0.45  # severity >= this: DEFER queries of unprotected classes
-    reject_costliest_at: float = 0.65  # >= this: REJECT the costliest queries
-    reject_class_at: float = 0.80  # >= this: REJECT the least protected class outright
-    class_step: float = 0.15  # each further step rejects the next class up (beyond the paper)
-    costliest_fraction: float = 0.1  # "costliest" = among the top 10% of recent query costs
+    defer_at: float = 0.45  # severity >= this: DEFER long and extra-long queries
+    reject_xlong_at: float = 0.65  # >= this: REJECT extra-long queries
+    reject_long_at: float = 0.80  # >= this: REJECT long queries too
+    bucket_cuts: tuple[float, float, float] = (0.5, 0.8, 0.95)
+    """Cost rank (share of recent queries costing less) where medium, long and extra-long
+    begin; a query's rank counts ties as half below it."""
+    shedding: str = "ladder"
+    """ladder (the paper's), uniform (a share of every query) or reverse (cheapest first)."""
     defer_slack_fraction: float = 0.5  # a deferral spends at most this part of the SLO slack
 
     def __post_init__(self) -> None:
@@ -91,17 +100,20 @@ class CostLadder:
             value = getattr(self, name)
             if not (value >= 0 and math.isfinite(value)):
                 raise PolicyValueError(f"cost ladder {name}: must be >= 0, got {value!r}")
-        if not 0 < self.defer_at <= self.reject_costliest_at <= self.reject_class_at:
+        if not 0 < self.defer_at <= self.reject_xlong_at <= self.reject_long_at:
             raise PolicyValueError(
-                "cost ladder rungs: need 0 < defer_at <= reject_costliest_at <= reject_class_at, "
-                f"got {self.defer_at!r}, {self.reject_costliest_at!r}, {self.reject_class_at!r}"
+                "cost ladder rungs: need 0 < defer_at <= reject_xlong_at <= reject_long_at, "
+                f"got {self.defer_at!r}, {self.reject_xlong_at!r}, {self.reject_long_at!r}"
             )
-        if not self.class_step > 0:
-            raise PolicyValueError(f"cost ladder class_step: must be > 0, got {self.class_step!r}")
-        if not 0 < self.costliest_fraction <= 1:
+        cuts = tuple(self.bucket_cuts)
+        if len(cuts) != 3 or not 0 < cuts[0] <= cuts[1] <= cuts[2] <= 1:
             raise PolicyValueError(
-                "cost ladder costliest_fraction: must be in (0, 1], "
-                f"got {self.costliest_fraction!r}"
+                f"cost ladder bucket_cuts: need 0 < medium <= long <= xlong <= 1, got {cuts!r}"
+            )
+        if self.shedding not in SHEDDING:
+            raise PolicyValueError(
+                f"cost ladder shedding: must be one of {', '.join(SHEDDING)}, "
+                f"got {self.shedding!r}"
             )
         if not 0 <= self.defer_slack_fraction <= 1:
             raise PolicyValueError(
@@ -117,25 +129,27 @@ class CostLadder:
             + self.w_tail * max(0.0, p.tail_ratio)
         )
 
-    def classes_rejected(self, severity: float) -> int:
-        """How many classes, least protected first, the class rung rejects at this severity."""
-        if severity < self.reject_class_at:
-            return 0
-        # 1e-9: 0.95 - 0.80 is 0.1499999999999999 in floats, and must reach the 0.15 step.
-        return 1 + math.floor((severity - self.reject_class_at) / self.class_step + 1e-9)
+    def bucket(self, cost_rank: float) -> int:
+        """0 short, 1 medium, 2 long, 3 extra-long, from the query's cost rank."""
+        return sum(cost_rank >= cut for cut in self.bucket_cuts)
 
-    def snapshot(self) -> dict[str, float]:
-        """Weights and rungs, for GET /v1/admission."""
+    def snapshot(self) -> dict[str, Any]:
+        """Weights, rungs and buckets, for GET /v1/admission."""
         return {
             "w_miss": self.w_miss,
             "w_queue": self.w_queue,
             "w_tail": self.w_tail,
             "defer_at": self.defer_at,
-            "reject_costliest_at": self.reject_costliest_at,
-            "reject_class_at": self.reject_class_at,
-            "class_step": self.class_step,
-            "costliest_fraction": self.costliest_fraction,
+            "reject_xlong_at": self.reject_xlong_at,
+            "reject_long_at": self.reject_long_at,
+            "bucket_cuts": list(self.bucket_cuts),
+            "shedding": self.shedding,
         }
+
+
+SHEDDING = ("ladder", "uniform", "reverse")
+"""The cost ladder's shedding orders (client-side-scheduling §4.6's comparison)."""
+BUCKETS = ("short", "medium", "long", "xlong")
 
 
 class _RecentValues:
@@ -158,6 +172,13 @@ class _RecentValues:
             del self._sorted[bisect.bisect_left(self._sorted, old)]
         self._order.append(value)
         bisect.insort(self._sorted, value)
+
+    def rank(self, value: float) -> float:
+        """Share of remembered values below `value`, ties counted half (needs one)."""
+        values = self._sorted
+        below = bisect.bisect_left(values, value)
+        equal = bisect.bisect_right(values, value) - below
+        return (below + 0.5 * equal) / len(values)
 
     def top_cut(self, fraction: float) -> float:
         """Smallest of the top `fraction` of remembered values, at least one (needs one)."""
@@ -409,7 +430,7 @@ class Throttle(AdmissionRule):
 
 
 class CostLadderRule(AdmissionRule):
-    """``cost-ladder``: client-side-scheduling §3.1's progressive rungs.
+    """``cost-ladder``: client-side-scheduling §3.1's overload control on cost buckets.
 
     It weighs queue pressure and tails besides the miss ratio and learns query costs from
     every query, so it is always asked."""
@@ -427,21 +448,32 @@ class CostLadderRule(AdmissionRule):
     def decide(self, q: QueryInfo, p: Pressure, now: float, memory: QueryMemory) -> Decision:
         ladder = self.ladder
         severity = ladder.severity(p, self.settings.threshold)
+        self._set_overloaded(severity >= ladder.defer_at, now)
         if severity < ladder.defer_at:
             return Decision(Action.ADMIT, "severity_below_ladder", severity)
-        # "Short requests are never rejected" (§3.1): here the most protected class.
-        if q.priority <= memory.most_protected():
-            return Decision(Action.ADMIT, "protected_class", severity)
-        n_classes = ladder.classes_rejected(severity)
-        if n_classes and q.priority in memory.least_protected(n_classes):
-            return Decision(Action.REJECT, "cost_ladder_reject_class", severity)
-        if severity >= ladder.reject_costliest_at and cost_ms(q) >= memory.costs.top_cut(
-            ladder.costliest_fraction
-        ):
-            return Decision(Action.REJECT, "cost_ladder_reject", severity)
-        # Deferring spends the query's queueing slack (x_p^SLO - x_p^u(k_f), TailGuard eq. 4), so
-        # its deferrals together are bounded by max_defer_s and by a fraction of that slack: a
-        # query deferred again and again must not wait out its SLO many times over.
+        if ladder.shedding == "uniform":
+            # Cost-blind: a share of every query, growing from the defer rung to the last.
+            span = max(ladder.reject_long_at - ladder.defer_at, 1e-9)
+            share = min((severity - ladder.defer_at) / span, 1.0)
+            if self.rng.random() < share:
+                return Decision(Action.REJECT, "uniform_shed", severity)
+            return Decision(Action.ADMIT, "uniform_spared", severity)
+        bucket = ladder.bucket(memory.costs.rank(cost_ms(q)))
+        if ladder.shedding == "reverse":
+            bucket = len(BUCKETS) - 1 - bucket  # stress-reversed: the cheapest shed first
+        if bucket == 0:
+            # "Short requests are never rejected" (§3.1): the smallest cost bucket.
+            return Decision(Action.ADMIT, "smallest_bucket", severity)
+        weight = bucket - 1  # the paper's bucket weights: medium 0, long 1, extra-long 2
+        if weight >= 1 and severity >= ladder.reject_long_at:
+            return Decision(Action.REJECT, "cost_ladder_reject_long", severity)
+        if weight >= 2 and severity >= ladder.reject_xlong_at:
+            return Decision(Action.REJECT, "cost_ladder_reject_xlong", severity)
+        if weight == 0:
+            return Decision(Action.ADMIT, "medium_bucket", severity)
+        # Deferring spends the query's queueing slack (x_p^SLO - x_p^u(k_f), TailGuard eq. 4),
+        # so its deferrals together are bounded by max_defer_s and by a fraction of what is
+        # left of that slack: a query deferred again and again must not wait out its SLO.
         slack_s = max(0.0, q.slo_ms - q.unloaded_ms) / 1000.0
         defer_s = min(self.settings.max_defer_s, ladder.defer_slack_fraction * slack_s) - q.waited_s
         if defer_s <= 0:

@@ -262,54 +262,86 @@ def test_severity_follows_the_documented_formula() -> None:
     assert CostLadder().severity(Pressure(-1.0, queue_pressure=-1.0), 0.5) == 0.0
 
 
-def test_cost_ladder_progresses_defer_then_costliest_then_classes() -> None:
+def ladder_with_costs(fanouts: list[int], **kwargs: object) -> AdmissionController:
+    """A queue-pressure-only cost ladder that has seen queries of these fanouts (10 ms each)."""
     c = create_controller(
-        rule="cost-ladder", ladder=queue_only_ladder(), memory_queries=10, max_defer_s=0.5
+        rule="cost-ladder",
+        ladder=queue_only_ladder(**kwargs),  # type: ignore[arg-type]
+        memory_queries=len(fanouts) + 1,
+        max_defer_s=0.5,
     )
-    for _ in range(9):  # recent costs: nine of 1 x 10 ms
-        assert c.decide(make_query(), Pressure(0.0), 0.0).reason == "severity_below_ladder"
-    cheap, costly = make_query(), make_query(fanout=100)  # 10 vs 1000 server-ms
+    for k in fanouts:
+        assert c.decide(make_query(fanout=k), Pressure(0.0), 0.0).reason == "severity_below_ladder"
+    return c
 
-    def decide(q: QueryInfo, severity: float) -> tuple[Action, str]:
-        d = c.decide(q, Pressure(0.0, queue_pressure=severity), 1.0)
+
+# Recent costs: fanout 1 (60 queries), 5 (20), 20 (15), 100 (5): short below rank 0.5, medium
+# to 0.8, long to 0.95, extra-long above (ranks count ties half, the new query among them).
+MIX = [1] * 60 + [5] * 20 + [20] * 15 + [100] * 5
+
+
+def test_cost_ladder_climbs_the_papers_rungs_on_cost_buckets() -> None:
+    c = ladder_with_costs(MIX)
+
+    def decide(fanout: int, severity: float) -> tuple[Action, str]:
+        d = c.decide(make_query(fanout=fanout), Pressure(0.0, queue_pressure=severity), 1.0)
         return d.action, d.reason
 
-    assert decide(cheap, 0.44) == (Action.ADMIT, "severity_below_ladder")
-    assert decide(costly, 0.45) == (Action.DEFER, "cost_ladder_defer")  # rung 1: defer only
-    assert decide(make_query("gold", fanout=100), 0.5) == (Action.ADMIT, "protected_class")
-    assert decide(costly, 0.65) == (Action.REJECT, "cost_ladder_reject")  # rung 2: costliest
-    assert decide(cheap, 0.65) == (Action.DEFER, "cost_ladder_defer")
-    assert decide(make_query("silver"), 0.7) == (Action.DEFER, "cost_ladder_defer")
-    assert decide(cheap, 0.8) == (Action.REJECT, "cost_ladder_reject_class")  # rung 3: bronze
-    assert decide(make_query("silver"), 0.8) == (Action.DEFER, "cost_ladder_defer")
-    assert decide(make_query("silver", fanout=100), 0.8) == (Action.REJECT, "cost_ladder_reject")
-    assert decide(make_query("silver"), 0.95) == (Action.REJECT, "cost_ladder_reject_class")
-    assert decide(make_query("gold", fanout=100), 50.0) == (Action.ADMIT, "protected_class")
+    assert decide(100, 0.44) == (Action.ADMIT, "severity_below_ladder")
+    # Rung 1 (0.45): defer long and extra-long; medium and short pass.
+    assert decide(100, 0.45) == (Action.DEFER, "cost_ladder_defer")
+    assert decide(20, 0.45) == (Action.DEFER, "cost_ladder_defer")
+    assert decide(5, 0.45) == (Action.ADMIT, "medium_bucket")
+    assert decide(1, 0.45) == (Action.ADMIT, "smallest_bucket")
+    # Rung 2 (0.65): reject extra-long; long still deferred.
+    assert decide(100, 0.65) == (Action.REJECT, "cost_ladder_reject_xlong")
+    assert decide(20, 0.65) == (Action.DEFER, "cost_ladder_defer")
+    # Rung 3 (0.80): reject long too; the smallest bucket is never rejected nor deferred.
+    assert decide(20, 0.8) == (Action.REJECT, "cost_ladder_reject_long")
+    assert decide(5, 0.8) == (Action.ADMIT, "medium_bucket")
+    assert decide(1, 50.0) == (Action.ADMIT, "smallest_bucket")
     assert c.rejected == {
-        ("bronze", "cost_ladder_reject"): 1,
-        ("bronze", "cost_ladder_reject_class"): 1,
-        ("silver", "cost_ladder_reject"): 1,
-        ("silver", "cost_ladder_reject_class"): 1,
+        ("bronze", "cost_ladder_reject_xlong"): 1,
+        ("bronze", "cost_ladder_reject_long"): 1,
     }
-    assert c.deferred == {("bronze", "cost_ladder_defer"): 2, ("silver", "cost_ladder_defer"): 2}
-    assert c.counts[("gold", "protected_class")] == 2
-    assert c.counts[("bronze", "severity_below_ladder")] == 10
+    assert c.overloaded
+
+
+def test_uniform_and_reverse_shedding_are_the_papers_comparisons() -> None:
+    rev = ladder_with_costs(MIX, shedding="reverse")
+    p = Pressure(0.0, queue_pressure=0.9)
+    # Stress-reversed: the cheapest are shed first and the costliest spared.
+    assert rev.decide(make_query(fanout=1), p, 0.0).reason == "cost_ladder_reject_long"
+    assert rev.decide(make_query(fanout=100), p, 0.0).reason == "smallest_bucket"
+    uni = ladder_with_costs(MIX, shedding="uniform")
+    # Cost-blind: at severity 0.625 (halfway from the defer rung to the last) about half of
+    # every bucket is shed.
+    half = Pressure(0.0, queue_pressure=0.625)
+    for k in (1, 100):
+        shed = sum(uni.decide(make_query(fanout=k), half, 0.0).action is Action.REJECT
+                   for _ in range(2000))  # fmt: skip
+        assert 850 < shed < 1150
+    assert uni.decide(make_query(fanout=1), Pressure(0.0, queue_pressure=0.8), 0.0).reason == (
+        "uniform_shed"
+    )
 
 
 def test_a_deferral_is_bounded_by_max_defer_and_by_the_slo_slack() -> None:
-    c = create_controller(rule="cost-ladder", ladder=queue_only_ladder(), max_defer_s=0.5)
+    c = ladder_with_costs(MIX)
     p = Pressure(0.0, queue_pressure=0.5)
-    assert c.decide(make_query(), p, 0.0).defer_s == 0.5  # slack 2 s: max_defer_s binds
-    assert c.decide(make_query(waited_s=0.375), p, 0.0).defer_s == 0.125
-    d = c.decide(make_query(waited_s=0.5), p, 0.0)
+
+    def long_query(**kw: float) -> QueryInfo:
+        return make_query(fanout=20, **kw)  # type: ignore[arg-type]
+
+    assert c.decide(long_query(), p, 0.0).defer_s == 0.5  # slack 2 s: max_defer_s binds
+    assert c.decide(long_query(waited_s=0.375), p, 0.0).defer_s == 0.125
+    d = c.decide(long_query(waited_s=0.5), p, 0.0)
     assert (d.action, d.reason) == (Action.ADMIT, "defer_exhausted")
     # Slack x_p^SLO - x_p^u = 110 - 10 ms: at most half of it, 50 ms, over all deferrals (a
     # query asked again after 30 ms may wait 20 more, not another 50).
-    assert c.decide(make_query(slo_ms=110.0), p, 0.0).defer_s == pytest.approx(0.05)
-    again = c.decide(make_query(slo_ms=110.0, waited_s=0.03), p, 0.0)
+    assert c.decide(long_query(slo_ms=110.0), p, 0.0).defer_s == pytest.approx(0.05)
+    again = c.decide(long_query(slo_ms=110.0, waited_s=0.03), p, 0.0)
     assert (again.action, again.defer_s) == (Action.DEFER, pytest.approx(0.02))
-    assert c.decide(make_query(slo_ms=110.0, waited_s=0.05), p, 0.0).reason == "defer_exhausted"
-    assert c.decide(make_query(slo_ms=5.0), p, 0.0).reason == "defer_exhausted"
 
 
 def test_snapshot_counts_per_class_and_reason_and_bounds_the_history() -> None:
@@ -361,10 +393,10 @@ def test_rule_names_are_forgiving_about_case_and_underscores() -> None:
 @pytest.mark.parametrize(
     "kwargs",
     [
-        {"defer_at": 0.7},  # above reject_costliest_at
+        {"defer_at": 0.7},  # above reject_xlong_at
         {"w_tail": -0.1},
-        {"class_step": 0.0},
-        {"costliest_fraction": 0.0},
+        {"bucket_cuts": (0.5, 0.4, 0.9)},
+        {"shedding": "random"},
         {"defer_slack_fraction": 1.5},
     ],
 )
