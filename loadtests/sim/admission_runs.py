@@ -13,6 +13,8 @@ import statistics
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
+
 from admission import AdmissionConfig, AdmissionPolicy, Rule
 from loadtests.sim import experiments as ex
 from loadtests.sim.engine import simulate
@@ -36,10 +38,21 @@ def run_row(scn: Any, load: float, rule: str) -> dict[str, Any]:
         "measured_queries": res.measured_queries,
         "all_met": rep.met,
     }
-    for name, stat in rep.classes.items():
+    for i, (name, stat) in enumerate(rep.classes.items()):
         row[f"p99_{name}_ms"] = stat.latency_ms
         row[f"slo_{name}_ms"] = stat.slo_ms
         row[f"met_{name}"] = stat.met
+        mine = res.cls == i
+        # The share of its admitted queries within the SLO, and (predictive rule) the mean
+        # probability of that the rule predicted for them: its calibration.
+        row[f"met_share_{name}"] = (
+            float(np.mean(res.latency_ms[mine] <= stat.slo_ms)) if mine.any() else math.nan
+        )
+        row[f"predicted_{name}"] = (
+            float(np.nanmean(res.meet_prob[mine]))
+            if res.meet_prob is not None and mine.any()
+            else math.nan
+        )
     return row
 
 

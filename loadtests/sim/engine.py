@@ -77,6 +77,8 @@ class SimResult:
     """Tasks of each query in latency_ms that were dequeued after their t_D."""
     offered_arrival_ms: np.ndarray | None = None
     """Arrival time of every measured query, admitted or not (for accepted-load series)."""
+    meet_prob: np.ndarray | None = None
+    """Each query in latency_ms: the predictive rule's P(meet SLO) when it was admitted."""
 
     @property
     def miss_ratio(self) -> float:
@@ -208,6 +210,7 @@ def simulate(
     scaler = _SimScaler(scn.autoscaling) if scn.autoscaling.enabled else None
     deferred = 0
     least_wait = scn.run.pick == "least-wait"
+    waits: SimWaits | None = None
     if scn.admission.policy != "none" or scaler is not None or least_wait:
         if controller is not None:
             raise ValueError(
@@ -216,7 +219,8 @@ def simulate(
             )
         # Feedback loops learn each task's outcome in time: the event-driven engine.
         predictive = scn.admission.effective_rule == "predictive"
-        waits = SimWaits.of(book, ids, w.tasks) if predictive or least_wait else None
+        if predictive or least_wait:
+            waits = SimWaits.of(book, ids, w.tasks, queries=w.queries)
         fb = run_with_feedback(
             scn,
             w,
@@ -287,6 +291,7 @@ def simulate(
         arrival_ms=w.arrival_ms[ok],
         query_misses=per_query_misses[ok],
         offered_arrival_ms=w.arrival_ms[measured],
+        meet_prob=waits.query_meet[ok] if waits is not None and waits.query_meet.size else None,
     )
 
 

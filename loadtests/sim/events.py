@@ -356,6 +356,8 @@ def run_with_feedback(
                 # held on deferrals and, with server queueing, the way to the server.
                 slack = float(slo_ms[c]) - waited * 1000.0 - (a - t)
                 meet = waits.meet(targets, ests, slack)
+                if waits.query_meet.size:
+                    waits.query_meet[q] = meet
                 wait_ms = max(e.mean_ms for e in ests)
         if gate is not None and not gate.clearly_admitted():
             info = QueryInfo(

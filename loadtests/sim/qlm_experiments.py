@@ -345,9 +345,12 @@ def predictive_admission(st: Any, base: Any) -> list[str]:
     for s in seeded:
         pool.add(calibrate, (s, st.tol), ex._bisection_runs(ex.HIGH - ex.LOW, st.tol) + 1)
     calib = pool.run()
-    windows = [
-        count_window_s(s, m) if m > 0 else 0.1 for s, (m, _) in zip(seeded, calib, strict=True)
-    ]
+    if any(m <= 0 for m, _ in calib):
+        raise ValueError(
+            "predictive-admission: no load met both SLOs without admission on some seed "
+            f"(max loads {[round(m, 3) for m, _ in calib]}): run more queries (--queries)"
+        )
+    windows = [count_window_s(s, m) for s, (m, _) in zip(seeded, calib, strict=True)]
     pool = st.pool("predictive-admission: offered-load sweeps")
     for s, (m, thr), win in zip(seeded, calib, windows, strict=True):
         loads = tuple(round(k * m, 4) for k in PREDICTIVE_MULTIPLES)
@@ -413,6 +416,18 @@ def predictive_admission(st: Any, base: Any) -> list[str]:
         for n in names:
             slo = scn.classes[names.index(n)].slo_ms
             plot_p99[f"class {n}: p99 of admitted queries"][PREDICTIVE_TITLES[rule]] = (pts[n], slo)
+    cal_rows = []
+    for rule in ("predictive", "predictive+throttle"):
+        for i, mult in enumerate(PREDICTIVE_MULTIPLES):
+            at = [curve[i] for curve in curves[rule]]
+            cells = []
+            for n in names:
+                cells.append(pm([r[f"predicted_{n}"] for r in at], ".4f"))
+                cells.append(pm([r[f"met_share_{n}"] for r in at], ".4f"))
+            cal_rows.append([PREDICTIVE_TITLES[rule], f"{mult:g}", *cells])
+    cal_header = ["rule", "offered (x max load)"]
+    for n in names:
+        cal_header += [f"{n}: mean predicted P", f"{n}: share within SLO"]
     keys = sorted(k for k in curves["none"][0][0] if k != "rule")
     write_csv(
         st.out_dir / "predictive_admission.csv", ["rule", "seed", "multiple", *keys], csv_rows
@@ -453,6 +468,11 @@ def predictive_admission(st: Any, base: Any) -> list[str]:
         f"Means over {len(st.seeds)} seeds ± 95% CI. `✗n`: the class misses its SLO on n "
         "seeds. Target met: every seed meets both SLOs and, from 1x the max load up, the "
         "accepted load is at least 98% of it.\n\n" + md_table(header, rows),
+        "## Is the prediction calibrated?\n\n"
+        "For the admitted queries of each class: the mean probability of meeting the SLO "
+        "that the rule predicted when it admitted them, and the share that did. A calibrated "
+        "estimate has the share at or above the prediction; each admitted query was "
+        "predicted at least 0.99.\n\n" + md_table(cal_header, cal_rows),
     ]
 
 

@@ -51,6 +51,8 @@ class SimWaits:
     """Per request group (class, fanout): (budget T_b ms, SLO ms, priority), its order key."""
     overtaking: bool = True
     """Add the work of later arrivals that go ahead (admission.waiting.with_overtaking)."""
+    query_meet: np.ndarray = field(default_factory=lambda: np.empty(0))
+    """Per query: the last P(meet SLO) the predictive rule was given (NaN: never)."""
 
     @classmethod
     def of(
@@ -60,6 +62,7 @@ class SimWaits:
         tasks: int,
         record: bool = False,
         overtaking: bool = True,
+        queries: int = 0,
     ) -> SimWaits:
         """The estimator's inputs for the servers `ids` of `book`; arrays for `tasks` tasks.
 
@@ -86,6 +89,7 @@ class SimWaits:
             [ArrivalRates(RATE_WINDOW_SERVICES * m.mean_ms) for m in moments],
             {},
             overtaking,
+            np.full(queries, np.nan),
         )
 
     def meet(self, servers: list[int], estimates: list[WaitEstimate], slack_ms: float) -> float:

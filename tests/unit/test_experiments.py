@@ -341,7 +341,7 @@ def test_predictive_admission_experiment_sweeps_multiples_of_the_max_load(
 ) -> None:
     from loadtests.sim.qlm_experiments import PREDICTIVE_MULTIPLES, PREDICTIVE_RULES
 
-    md = run_tiny("predictive-admission", tmp_path, tailbench_dir, queries=1500, tol=0.3)
+    md = run_tiny("predictive-admission", tmp_path, tailbench_dir, queries=2400, tol=0.3)
     rows = read_csv(tmp_path / "predictive-admission" / "predictive_admission.csv")
     assert [(r["rule"], float(r["multiple"])) for r in rows] == [
         (rule, m) for rule in PREDICTIVE_RULES for m in PREDICTIVE_MULTIPLES
