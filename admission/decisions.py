@@ -61,6 +61,7 @@ class QueryInfo:
     percentile: float = 99.0  # p of its class: the share of queries that must meet the SLO
     meet_prob: float = 1.0  # Signal.WAIT: predicted P(query latency <= SLO), admission.waiting
     wait_ms: float = 0.0  # Signal.WAIT: estimated mean queue wait at its busiest target
+    cost_hint_ms: float | None = None  # the client's own cost estimate (ms of server time)
 
     def after(self, defer_s: float) -> QueryInfo:
         """The same query, put again after being held `defer_s` more."""

@@ -112,8 +112,7 @@ class CostLadder:
             )
         if self.shedding not in SHEDDING:
             raise PolicyValueError(
-                f"cost ladder shedding: must be one of {', '.join(SHEDDING)}, "
-                f"got {self.shedding!r}"
+                f"cost ladder shedding: must be one of {', '.join(SHEDDING)}, got {self.shedding!r}"
             )
         if not 0 <= self.defer_slack_fraction <= 1:
             raise PolicyValueError(
@@ -200,8 +199,9 @@ class _RecentValues:
 
 
 def cost_ms(q: QueryInfo) -> float:
-    """Server time a query asks for: fanout * unloaded latency (client-side-scheduling's cost)."""
-    return q.fanout * q.unloaded_ms
+    """Server time a query asks for: the client's cost hint when it gave one, else fanout *
+    unloaded latency (client-side-scheduling's cost prior)."""
+    return q.cost_hint_ms if q.cost_hint_ms is not None else q.fanout * q.unloaded_ms
 
 
 class QueryMemory:
@@ -452,9 +452,12 @@ class CostLadderRule(AdmissionRule):
         if severity < ladder.defer_at:
             return Decision(Action.ADMIT, "severity_below_ladder", severity)
         if ladder.shedding == "uniform":
-            # Cost-blind: a share of every query, growing from the defer rung to the last.
+            # Cost-blind: a share of every query, growing from the defer rung to the last,
+            # never all of them: like the throttle's floor, the admitted few keep the
+            # severity's signals (miss ratio, tails) fresh, or it could never fall again.
             span = max(ladder.reject_long_at - ladder.defer_at, 1e-9)
-            share = min((severity - ladder.defer_at) / span, 1.0)
+            ceiling = 1.0 - self.settings.throttle_min_fraction
+            share = min((severity - ladder.defer_at) / span, ceiling)
             if self.rng.random() < share:
                 return Decision(Action.REJECT, "uniform_shed", severity)
             return Decision(Action.ADMIT, "uniform_spared", severity)

@@ -95,6 +95,24 @@ def gate_for(scn: Scenario, clock: Callable[[], float]) -> AdmissionGate:
     return AdmissionGate(scn.admission, classes, clock, seed=scn.run.seed)
 
 
+def _cost_hints(scn: Scenario, w: Workload, unloaded_ms: np.ndarray) -> np.ndarray | None:
+    """The cost admission sees per query at the scenario's level of cost information (None:
+    its own estimate, k_f * x_p^u)."""
+    level = scn.run.cost_information
+    if level == "estimate":
+        return None
+    if level == "none":
+        return np.ones(w.queries)  # every query alike: no magnitude to act on
+    if level == "exact":  # an oracle: the service times its tasks will draw
+        return np.add.reduceat(w.task_service_ms, w.offsets[:-1])
+    estimate = np.nan_to_num(w.fanout * unloaded_ms)
+    hints = np.empty(w.queries)
+    for c in range(len(scn.classes)):
+        mine = w.cls == c
+        hints[mine] = estimate[mine].mean() if mine.any() else 1.0
+    return hints
+
+
 def run_with_feedback(
     scn: Scenario,
     w: Workload,
@@ -127,6 +145,7 @@ def run_with_feedback(
         budget_ms, unloaded_ms = budget_ms.copy(), unloaded_ms.copy()
         w = replace(w, task_server=w.task_server.copy(), task_service_ms=w.task_service_ms.copy())
     scales = np.asarray(scn.servers.scales())
+    hints = _cost_hints(scn, w, unloaded_ms)
     central = scn.run.queueing == "central"
     dispatch, ret = scn.overhead.dispatch_ms, scn.overhead.return_ms
     names = [c.name for c in scn.classes]
@@ -370,6 +389,7 @@ def run_with_feedback(
                 float(percentile[c]),
                 meet,
                 wait_ms,
+                None if hints is None else float(hints[q]),
             )
             d = gate.decide(info, queue_pressure)
             if d.action is Action.REJECT:

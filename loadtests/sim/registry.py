@@ -16,6 +16,7 @@ from typing import Any
 
 from loadtests.sim import (
     fanout_experiments,
+    ladder_experiments,
     overload_experiments,
     pard_experiments,
     qlm_experiments,
@@ -39,7 +40,13 @@ from loadtests.sim.scenario import load_scenario
 
 __all__ = ["EXPERIMENTS", "MODULES", "run_experiment"]
 
-MODULES = (fanout_experiments, overload_experiments, qlm_experiments, pard_experiments)
+MODULES = (
+    fanout_experiments,
+    overload_experiments,
+    qlm_experiments,
+    ladder_experiments,
+    pard_experiments,
+)
 """Every module that defines experiments, in the order `sim experiment list` shows them."""
 
 EXPERIMENTS: dict[str, Experiment] = {e.name: e for m in MODULES for e in m.EXPERIMENTS}

@@ -211,6 +211,10 @@ class OverheadSpec:
                 raise ValueError(f"{name}: must be >= 0, got {v}")
 
 
+COST_INFORMATION = ("none", "class", "estimate", "exact")
+"""The information ladder's levels, least to most."""
+
+
 @dataclass(frozen=True, slots=True)
 class RunSpec:
     """How to run the scenario."""
@@ -230,11 +234,20 @@ class RunSpec:
     pick: str = "random"
     """How a query's k_f servers are chosen: random, or least-wait (the k with the smallest
     estimated queue wait as it arrives, QLM's load balancing)."""
+    cost_information: str = "estimate"
+    """What admission knows of a query's cost (client-side-scheduling's information ladder):
+    none (every query alike), class (its class's mean cost), estimate (k_f * x_p^u, the
+    gateway's) or exact (its tasks' drawn service times: an oracle)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "policy", QueuePolicy.parse(self.policy))
         if self.pick not in ("random", "least-wait"):
             raise ValueError(f"pick: must be 'random' or 'least-wait', got {self.pick!r}")
+        if self.cost_information not in COST_INFORMATION:
+            raise ValueError(
+                f"cost_information: must be one of {', '.join(COST_INFORMATION)}, "
+                f"got {self.cost_information!r}"
+            )
         if self.queries < 10:
             raise ValueError(f"queries: must be >= 10, got {self.queries}")
         if not 0 <= self.warmup < 0.9:

@@ -321,9 +321,12 @@ def test_uniform_and_reverse_shedding_are_the_papers_comparisons() -> None:
         shed = sum(uni.decide(make_query(fanout=k), half, 0.0).action is Action.REJECT
                    for _ in range(2000))  # fmt: skip
         assert 850 < shed < 1150
-    assert uni.decide(make_query(fanout=1), Pressure(0.0, queue_pressure=0.8), 0.0).reason == (
-        "uniform_shed"
-    )
+    # Past the last rung it sheds all but the throttle's floor (2%), so a few queries keep
+    # the signals fresh and the severity can fall again.
+    top = Pressure(0.0, queue_pressure=5.0)
+    kept = sum(uni.decide(make_query(fanout=1), top, 0.0).reason == "uniform_spared"
+               for _ in range(5000))  # fmt: skip
+    assert 50 < kept < 160
 
 
 def test_a_deferral_is_bounded_by_max_defer_and_by_the_slo_slack() -> None:

@@ -364,3 +364,12 @@ def test_least_wait_experiment_searches_both_picks(tmp_path: Path, tailbench_dir
     # 600 queries hold too few of the k = 10 type to judge its p99: said, never called met.
     assert all(float(r["max_load"]) == 0.0 for r in rows)
     assert "Unjudged probes (not called met)" in md.read_text(encoding="utf-8")
+
+
+def test_information_ladder_refuses_too_few_queries_to_calibrate(
+    tmp_path: Path, tailbench_dir: Path
+) -> None:
+    # Its calibration judges every class x fanout type: 2,000 queries leave the k = 100
+    # type unjudged, so no load is met and the experiment says how to fix it.
+    with pytest.raises(ValueError, match="run more queries"):
+        run_tiny("information-ladder", tmp_path, tailbench_dir, queries=2000, tol=0.3)

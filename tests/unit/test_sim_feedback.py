@@ -195,3 +195,31 @@ def test_least_wait_choice_beats_random_on_a_heterogeneous_pool(tailbench_dir: P
     p99 = [float(np.percentile(r.latency_ms, 99)) for r in (rand, least)]
     assert p99[1] < 0.5 * p99[0]
     assert least.utilisation < rand.utilisation  # more work lands on the fast pool
+
+
+def test_cost_information_levels_give_admission_the_costs_they_promise() -> None:
+    from dataclasses import replace
+
+    from loadtests.sim.events import _cost_hints
+    from loadtests.sim.workload import make_workload
+
+    scn = scenario(run={"policy": "tf-edfq", "queries": 2_000, "seed": 3})
+    w = make_workload(scn, 0.5)
+    unloaded = np.where(w.fanout == 1, 2.0, 5.0)
+
+    def hints(level: str) -> np.ndarray | None:
+        return _cost_hints(replace(scn, run=replace(scn.run, cost_information=level)), w,
+                           unloaded)  # fmt: skip
+
+    assert hints("estimate") is None  # the rules' own k_f * x_p^u
+    assert np.all(hints("none") == 1.0)
+    exact = hints("exact")
+    assert exact is not None
+    q = int(np.flatnonzero(w.fanout == 5)[0])
+    lo, hi = int(w.offsets[q]), int(w.offsets[q + 1])
+    assert exact[q] == pytest.approx(w.task_service_ms[lo:hi].sum())
+    by_class = hints("class")
+    assert by_class is not None
+    for c in (0, 1):
+        mine = w.cls == c
+        assert np.all(by_class[mine] == pytest.approx((w.fanout * unloaded)[mine].mean()))
