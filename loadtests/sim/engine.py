@@ -120,6 +120,20 @@ def build_book(scn: Scenario) -> tuple[CdfBook, list[str]]:
 
 def query_budgets(scn: Scenario, w: Workload, book: CdfBook, ids: list[str]) -> np.ndarray:
     """T_b = SLO - x_p^u(k_f) per query over its own servers; NaN where the SLO is unreachable."""
+    budgets, _ = _plans(scn, w, book, ids)
+    return budgets
+
+
+def query_unloaded(scn: Scenario, w: Workload, book: CdfBook, ids: list[str]) -> np.ndarray:
+    """x_p^u(k_f) per query over its own servers, at its class's percentile (TailGuard eq. 2)."""
+    _, unloaded = _plans(scn, w, book, ids)
+    return unloaded
+
+
+def _plans(
+    scn: Scenario, w: Workload, book: CdfBook, ids: list[str]
+) -> tuple[np.ndarray, np.ndarray]:
+    """(T_b, x_p^u) per query; T_b is NaN where the SLO is unreachable."""
     est = DeadlineEstimator(book)
     pools = scn.servers.pools or ()
     if pools:
@@ -134,6 +148,7 @@ def query_budgets(scn: Scenario, w: Workload, book: CdfBook, ids: list[str]) -> 
     keys = np.concatenate([w.cls[:, None].astype(np.int64), counts], axis=1)
     uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
     budgets = np.empty(len(uniq))
+    unloaded = np.empty(len(uniq))
     for u, row in enumerate(uniq):
         c = scn.classes[int(row[0])]
         # Servers of one pool share a CDF row, so any members stand for the composition.
@@ -141,10 +156,11 @@ def query_budgets(scn: Scenario, w: Workload, book: CdfBook, ids: list[str]) -> 
             ids[int(s0) + i] for s0, n in zip(starts, row[1:], strict=True) for i in range(n)
         ]
         try:
-            budgets[u] = est.plan(members, c.percentile, c.slo_ms).budget_ms
-        except SloUnreachable:
-            budgets[u] = np.nan
-    return budgets[inverse.ravel()]
+            plan = est.plan(members, c.percentile, c.slo_ms)
+            budgets[u], unloaded[u] = plan.budget_ms, plan.unloaded_ms
+        except SloUnreachable as exc:
+            budgets[u], unloaded[u] = np.nan, exc.unloaded_ms
+    return budgets[inverse.ravel()], unloaded[inverse.ravel()]
 
 
 def _planner(
@@ -182,6 +198,10 @@ def simulate(
     (a run-time loop, not an offline fit).
     """
     policy = policy or scn.run.policy
+    if scn.requests.stages > 1:
+        if controller is not None:
+            raise ValueError("budget adjustment cannot run with multi-query requests")
+        return _simulate_requests(scn, load, policy)
     w = make_workload(scn, load)
     book, ids = build_book(scn)
     base_budget = query_budgets(scn, w, book, ids)
@@ -292,6 +312,58 @@ def simulate(
         query_misses=per_query_misses[ok],
         offered_arrival_ms=w.arrival_ms[measured],
         meet_prob=waits.query_meet[ok] if waits is not None and waits.query_meet.size else None,
+    )
+
+
+def _simulate_requests(scn: Scenario, load: float, policy: str) -> SimResult:
+    """Multi-query requests (``[requests] stages = M``): every request is M queries in a
+    row under its class's SLO, on the event-driven engine; the result counts requests (its
+    latency_ms are request latencies, its fanout the widest stage of each)."""
+    w = make_workload(scn, load)
+    book, ids = build_book(scn)
+    budgets, unloaded = _plans(scn, w, book, ids)
+    scaler = _SimScaler(scn.autoscaling) if scn.autoscaling.enabled else None
+    predictive = scn.admission.effective_rule == "predictive"
+    waits = SimWaits.of(book, ids, w.tasks, queries=w.queries) if predictive else None
+    fb = run_with_feedback(scn, w, policy, budgets, unloaded, scaler, waits)
+    m = scn.requests.stages
+    n_req = w.queries // m
+    after = 0.0 if scn.run.queueing == "central" else scn.overhead.return_ms
+    q_done = _latencies(w, fb.start, fb.occupy, after, 0, w.queries) + w.arrival_ms
+    first_stage = np.arange(n_req) * m
+    last_stage = first_stage + m - 1
+    arrival = w.arrival_ms[:n_req] * m  # as the engine draws requests
+    admitted = fb.admitted[first_stage]
+    finished = admitted & ~np.isnan(fb.start[w.offsets[last_stage]])
+    latency = q_done[last_stage] - arrival
+    measured = np.arange(n_req) >= int(scn.run.warmup * n_req)
+    ok = measured & finished
+    widest = np.maximum.reduceat(w.fanout, first_stage)
+    tq = np.repeat(np.arange(w.queries), w.fanout)
+    task_ok = ok[tq // m]
+    assert fb.budget_ms is not None
+    deadline = (fb.query_start_ms + fb.budget_ms)[tq]  # type: ignore[operator]
+    missed_task = fb.start > deadline
+    ran = ~np.isnan(fb.start)
+    done = fb.start + fb.occupy + after
+    horizon = float(np.nanmax(done) - arrival[0]) if ran.any() else 1.0
+    return SimResult(
+        scenario=scn,
+        load=load,
+        policy=policy,
+        latency_ms=latency[ok],
+        cls=w.cls[first_stage][ok],
+        fanout=widest[ok],
+        tasks=int((task_ok & ran).sum()),
+        missed=int((missed_task & task_ok).sum()),
+        rejected_queries=int((measured & ~admitted).sum()),
+        admission_rejected=int((measured & fb.admission_rejected[first_stage]).sum()),
+        deferred=fb.deferred,
+        measured_queries=int(measured.sum()),
+        utilisation=float(np.nansum(fb.occupy[ran])) / (scn.servers.count * horizon),
+        scaling=scaler.actions if scaler is not None else [],
+        arrival_ms=arrival[ok],
+        offered_arrival_ms=arrival[measured],
     )
 
 

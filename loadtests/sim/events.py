@@ -27,6 +27,7 @@ import numpy as np
 
 from admission import Action, AdmissionGate, QueryInfo, WaitEstimate, estimate_wait
 from admission.waiting import overtake_window, with_overtaking
+from gateway.stages import stage_slo_ms
 from loadtests.sim.scenario import Scenario, class_priorities
 from loadtests.sim.waits import SimWaits
 from loadtests.sim.workload import Workload
@@ -51,7 +52,10 @@ class FeedbackRun:
     """DEFER decisions taken (a query may be deferred several times)."""
     scaling: list[dict[str, float]]
     budget_ms: np.ndarray | None = None
-    """Per query: the T_b it ran with (changed from the caller's by least-wait choice)."""
+    """Per query: the T_b it ran with (changed from the caller's by least-wait choice or by
+    multi-query stages)."""
+    query_start_ms: np.ndarray | None = None
+    """Multi-query requests: when each query (stage) started; NaN: never."""
 
 
 class _Clock:
@@ -138,6 +142,13 @@ def run_with_feedback(
     planner(class, servers) gives its (T_b, x_p^u) over exactly those servers (TailGuard
     eq. 1-4; NaN T_b: unreachable, refused). `budget_ms`, `unloaded_ms` and `w` are then
     copied, not changed.
+
+    Multi-query requests (``[requests] stages = M > 1``): queries M r .. M r + M - 1 are
+    request r's stages; request r arrives at M times the r-th query's arrival (a Poisson
+    stream at 1/M of the query rate, so the servers' load is unchanged), only its first
+    stage meets admission, and each stage starts when the one before it has finished, with
+    the SLO `gateway.stages.stage_slo_ms` gives it from what is left of the class's SLO.
+    `unloaded_ms` must then hold every query's x_p^u (finite).
     """
     if planner is not None:
         if waits is None:
@@ -146,6 +157,15 @@ def run_with_feedback(
         w = replace(w, task_server=w.task_server.copy(), task_service_ms=w.task_service_ms.copy())
     scales = np.asarray(scn.servers.scales())
     hints = _cost_hints(scn, w, unloaded_ms)
+    stages = scn.requests.stages
+    staged = stages > 1
+    query_start = np.full(w.queries if staged else 0, np.nan)
+    if staged:
+        budget_ms = budget_ms.copy()
+        # Request r arrives at M x the r-th query's time: Poisson at 1/M of the query rate.
+        first_arrival = w.arrival_ms[: w.queries // stages] * stages
+    else:
+        first_arrival = w.arrival_ms
     central = scn.run.queueing == "central"
     dispatch, ret = scn.overhead.dispatch_ms, scn.overhead.return_ms
     names = [c.name for c in scn.classes]
@@ -198,6 +218,10 @@ def run_with_feedback(
         if left[q] == 0:
             seq += 1
             heapq.heappush(notes, (float(done_ms[q]), seq, ~q))
+            if staged and (q + 1) % stages:
+                # The request's next stage starts when this one has finished.
+                seq += 1
+                heapq.heappush(events, (float(done_ms[q]), seq, q + 1, 0.0))
 
     def pop_one(s: int, srv: _Server) -> None:
         nonlocal queued_total
@@ -214,7 +238,8 @@ def run_with_feedback(
             heapq.heappush(pending, (srv.free[0], s, srv.version))
 
     def advance(t: float) -> None:
-        """Every dequeue on any server up to time t."""
+        """Every dequeue on any server up to time t; with multi-query requests, only up to
+        a next stage that one of them starts before t (time never runs backwards)."""
         while pending and pending[0][0] <= t:
             _, s, version = heapq.heappop(pending)
             srv = servers[s]
@@ -222,6 +247,8 @@ def run_with_feedback(
                 continue  # superseded
             pop_one(s, srv)
             schedule(s, srv)
+            if staged and events and events[0][0] < t:
+                t = events[0][0]
 
     def settle(s: int, srv: _Server, a: float) -> None:
         """This server's dequeues up to time a (before a task joins its queue)."""
@@ -337,24 +364,60 @@ def run_with_feedback(
             elif gate is not None:
                 q = ~item
                 c = int(w.cls[q])
-                gate.record_query(names[c], float(done_ms[q] - w.arrival_ms[q]), slo_ms[c])
+                if staged:  # a stage against its own SLO, from its own start
+                    gate.record_query(
+                        names[c], float(done_ms[q] - query_start[q]), float(stage_slo[q])
+                    )
+                else:
+                    gate.record_query(names[c], float(done_ms[q] - w.arrival_ms[q]), slo_ms[c])
         for c, (m, n) in misses.items():
             if gate is not None:
                 gate.record_tasks(m, n, names[c])
             if scaler is not None:
                 scaler.record(m, n, t)
 
-    # Arrivals and deferred retries, in time order: (time ms, seq, query, waited s).
+    stage_slo = np.full(w.queries, np.nan)
+
+    def plan_stage(q: int, t: float) -> bool:
+        """Stage q of its request starts at t: its SLO and budget from what is left of the
+        request's SLO (gateway.stages); False when even unloaded stages cannot meet it."""
+        r0 = q - q % stages
+        c = int(w.cls[r0])
+        remaining = float(slo_ms[c]) - (t - float(first_arrival[r0 // stages]))
+        us = [float(u) for u in unloaded_ms[q : r0 + stages]]
+        if q == r0 and remaining <= sum(us):
+            return False
+        slo_s = stage_slo_ms(scn.requests.rule, remaining, us)
+        budget_ms[q] = slo_s - us[0]
+        stage_slo[q] = slo_s
+        query_start[q] = t
+        lo, hi = int(w.offsets[q]), int(w.offsets[q + 1])
+        deadline[lo:hi] = t + budget_ms[q]
+        slo_deadline[lo:hi] = t + slo_s
+        return True
+
+    # Arrivals, deferred retries and the next stages of requests, in time order:
+    # (time ms, seq, query, waited s).
     events: list[tuple[float, int, int, float]] = []
-    next_q = 0
-    n_queries = w.queries
-    arrival = w.arrival_ms
-    while next_q < n_queries or events:
-        if events and (next_q >= n_queries or events[0][0] <= arrival[next_q]):
+    next_r = 0
+    n_first = first_arrival.size
+    while next_r < n_first or events or (staged and pending):
+        if staged:
+            # Dequeues come first: one may end a stage and start the next before the next
+            # arrival (or, with nothing else left, the servers run on until one does).
+            advance(
+                min(
+                    float(first_arrival[next_r]) if next_r < n_first else math.inf,
+                    events[0][0] if events else math.inf,
+                )
+            )
+            if not events and next_r >= n_first:
+                continue
+        if events and (next_r >= n_first or events[0][0] <= first_arrival[next_r]):
             t, _, q, waited = heapq.heappop(events)
         else:
-            q, t, waited = next_q, float(arrival[next_q]), 0.0
-            next_q += 1
+            q, t, waited = next_r * stages, float(first_arrival[next_r]), 0.0
+            next_r += 1
             if planner is not None:
                 least_wait(q, t if central else t + dispatch)
         advance(t)
@@ -362,7 +425,13 @@ def run_with_feedback(
         deliver(t)
         if scaler is not None:
             scale = scaler.decide(t)
-        if math.isnan(budget_ms[q]):
+        if staged:
+            later_stage = q % stages > 0
+            if not later_stage and not plan_stage(q, t):
+                continue  # the request's SLO is below its stages' x_p^u: the gateway's 422
+            if later_stage:
+                plan_stage(q, t)
+        elif math.isnan(budget_ms[q]):
             continue  # its SLO is below x_p^u: the gateway's 422
         c = int(w.cls[q])
         a = t if central else t + dispatch
@@ -378,7 +447,7 @@ def run_with_feedback(
                 if waits.query_meet.size:
                     waits.query_meet[q] = meet
                 wait_ms = max(e.mean_ms for e in ests)
-        if gate is not None and not gate.clearly_admitted():
+        if gate is not None and not (staged and q % stages) and not gate.clearly_admitted():
             info = QueryInfo(
                 names[c],
                 int(prio[c]),
@@ -418,4 +487,5 @@ def run_with_feedback(
         deferred,
         scaler.actions if scaler is not None else [],
         budget_ms,
+        query_start if staged else None,
     )

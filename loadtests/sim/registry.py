@@ -20,6 +20,7 @@ from loadtests.sim import (
     overload_experiments,
     pard_experiments,
     qlm_experiments,
+    request_experiments,
 )
 from loadtests.sim.experiments import (
     APPS,
@@ -45,6 +46,7 @@ MODULES = (
     overload_experiments,
     qlm_experiments,
     ladder_experiments,
+    request_experiments,
     pard_experiments,
 )
 """Every module that defines experiments, in the order `sim experiment list` shows them."""

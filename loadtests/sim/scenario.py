@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from admission.config import AdmissionConfig, AdmissionPolicy
+from gateway.stages import STAGE_RULES
 from taskserver.queues import QueuePolicy
 from taskserver.service_time import ServiceSpec
 from taskserver.tomlconfig import ConfigError, build
@@ -196,6 +197,23 @@ class ClassSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class RequestsSpec:
+    """Multi-query requests: M fanout queries in sequence under one SLO (TailGuard eq. 5)."""
+
+    stages: int = 1
+    """Queries per request, run one after another (1: plain queries)."""
+    rule: str = "remaining"
+    """How the request's remaining SLO is shared when a stage starts (gateway.stages):
+    remaining, proportional or equal."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stages, bool) or not isinstance(self.stages, int) or self.stages < 1:
+            raise ValueError(f"stages: must be an int >= 1, got {self.stages!r}")
+        if self.rule not in STAGE_RULES:
+            raise ValueError(f"rule: must be one of {', '.join(STAGE_RULES)}, got {self.rule!r}")
+
+
+@dataclass(frozen=True, slots=True)
 class OverheadSpec:
     """Non-service time of every task, in ms."""
 
@@ -314,6 +332,8 @@ class Scenario:
     classes: tuple[ClassSpec, ...] = field(default_factory=_default_classes)
     service: ServiceSpec = field(default_factory=_default_service)
     overhead: OverheadSpec = field(default_factory=OverheadSpec)
+    requests: RequestsSpec = field(default_factory=RequestsSpec)
+    """Multi-query requests (stages > 1: every request is that many queries in a row)."""
     run: RunSpec = field(default_factory=RunSpec)
     admission: AdmissionConfig = field(default_factory=_no_admission)
     """Admission control, as in the gateway's [admission] (default here: none)."""
@@ -330,6 +350,11 @@ class Scenario:
         names = [c.name for c in self.classes]
         if len(set(names)) != len(names):
             raise ValueError(f"classes: duplicate class names in {names}")
+        if self.run.queries % self.requests.stages:
+            raise ValueError(
+                f"run.queries: {self.run.queries} is not a multiple of requests.stages "
+                f"({self.requests.stages})"
+            )
         ks = self.fanout.values_and_probs()[0]
         if max(ks) > self.servers.count:
             raise ValueError(f"fanout: fanout {max(ks)} exceeds the {self.servers.count} servers")

@@ -373,3 +373,12 @@ def test_information_ladder_refuses_too_few_queries_to_calibrate(
     # type unjudged, so no load is met and the experiment says how to fix it.
     with pytest.raises(ValueError, match="run more queries"):
         run_tiny("information-ladder", tmp_path, tailbench_dir, queries=2000, tol=0.3)
+
+
+def test_multi_query_experiment_searches_every_rule(tmp_path: Path, tailbench_dir: Path) -> None:
+    md = run_tiny("multi-query", tmp_path, tailbench_dir, queries=600, tol=0.3)
+    rows = read_csv(tmp_path / "multi-query" / "multi_query.csv")
+    assert {(r["policy"], r["rule"]) for r in rows} == {
+        (p, r) for p in ("fifo", "tf-edfq") for r in ("remaining", "proportional", "equal")
+    }
+    assert "Unjudged probes (not called met)" in md.read_text(encoding="utf-8")
