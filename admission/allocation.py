@@ -58,7 +58,10 @@ class Flow:
     weight: float
     protected: bool = False
     deficit: float = 0.0
-    queue: deque[tuple[Any, float]] = field(default_factory=deque)
+    queue: list[tuple[Any, int, Any, float]] = field(default_factory=list)
+    """A heap of (order key, push seq, item, cost): the flow's own order (push order unless
+    the shell gives keys, e.g. its tasks' deadlines: allocation picks the flow, the policy
+    the item within it, the client-side paper's ordering layer)."""
     released_cost: float = 0.0
     released: int = 0
 
@@ -86,6 +89,7 @@ class DeficitRoundRobin:
             f: Flow(_check_weight(f, w), f in protected) for f, w in weights.items()
         }
         self._active: deque[Hashable] = deque()  # backlogged flows, in round order
+        self._seq = itertools.count()
         self._fresh = True  # the flow at the head of the round has not had its quantum yet
         self.congestion = 0.0
 
@@ -98,8 +102,9 @@ class DeficitRoundRobin:
         f = self.flows[flow]
         return f.weight * (1.0 + self.boost * self.congestion) if f.protected else f.weight
 
-    def push(self, flow: Hashable, item: Any, cost: float) -> None:
-        """Queue one item of `cost` units for `flow` (an unknown flow gets the default weight)."""
+    def push(self, flow: Hashable, item: Any, cost: float, key: Any = None) -> None:
+        """Queue one item of `cost` units for `flow` (an unknown flow gets the default weight);
+        within its flow it goes by `key` (smallest first; None: push order)."""
         cost = _check_cost(cost)
         f = self.flows.get(flow)
         if f is None:
@@ -108,7 +113,8 @@ class DeficitRoundRobin:
             self._active.append(flow)
             if len(self._active) == 1:
                 self._fresh = True
-        f.queue.append((item, cost))
+        seq = next(self._seq)
+        heapq.heappush(f.queue, (seq if key is None else key, seq, item, cost))
 
     def pop(self) -> tuple[Hashable, Any] | None:
         """The next item to release and its flow, in DRR order; None when nothing waits."""
@@ -123,9 +129,9 @@ class DeficitRoundRobin:
             if self._fresh:
                 f.deficit += self.quantum * self.weight(name)
                 self._fresh = False
-            item, cost = f.queue[0]
+            _, _, item, cost = f.queue[0]
             if cost <= f.deficit:
-                f.queue.popleft()
+                heapq.heappop(f.queue)
                 f.deficit -= cost
                 f.released += 1
                 f.released_cost += cost
@@ -145,7 +151,7 @@ class DeficitRoundRobin:
         (each flow's quantum that many times), so a cost far above the quantum costs one
         step, not cost / quantum of them."""
         rounds = min(
-            math.ceil((self.flows[n].queue[0][1] - self.flows[n].deficit)
+            math.ceil((self.flows[n].queue[0][3] - self.flows[n].deficit)
                       / (self.quantum * self.weight(n))) - 1
             for n in self._active
         )  # fmt: skip

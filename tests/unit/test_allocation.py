@@ -86,3 +86,12 @@ def test_bad_allocation_settings_are_refused() -> None:
         DeficitRoundRobin({"a": -1.0}, quantum=1.0)
     with pytest.raises(PolicyValueError, match="cost"):
         FairQueue({}).push("a", 0, float("nan"))
+
+
+def test_drr_orders_within_a_flow_by_the_shells_key() -> None:
+    # Allocation picks the flow; the key (say, a task deadline) picks the item within it.
+    q = DeficitRoundRobin({"a": 1.0, "b": 1.0}, quantum=1.0)
+    for item, deadline in ((0, 3.0), (1, 1.0), (2, 2.0)):
+        q.push("a", item, 1.0, key=deadline)
+    q.push("b", 0, 1.0)
+    assert drain(q) == ["a1", "b0", "a2", "a0"]
