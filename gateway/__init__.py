@@ -4,6 +4,7 @@ Layout: ``cdf``/``tail``/``deadlines`` are the pure TailGuard math (CDF book,
 peaks-over-threshold tail, x_p^u and t_D); ``requests`` validates bodies;
 ``links`` holds one Thrift connection per task server; ``service`` is the
 query path; ``app`` is the aiohttp shell; ``config`` the typed settings;
+``waits`` the queue-wait estimates per server link (QLM §6);
 ``metrics`` the Prometheus metrics; ``history`` the sampled time series and its
 store; ``dashboard`` the built-in page (its files in ``static/``).
 """

@@ -6,6 +6,7 @@ import asyncio
 import hmac
 import json
 import logging
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -39,15 +40,26 @@ QUERY_STATUS = {
 assert set(QUERY_STATUS) == set(QueryOutcome)
 
 
-def _retry_after(request: web.Request) -> dict[str, str]:
-    """Retry-After for a 503: the configured seconds."""
-    return {"Retry-After": str(request.app[SERVICE_KEY].config.retry_after_s)}
+def retry_after_s(exc: ApiError | None, configured_s: int) -> int:
+    """Retry-After seconds for a 503: the error's own estimate when it has one (the
+    predictive admission rule's), else the configured seconds."""
+    estimate = None if exc is None else exc.extra.get("retry_after_s")
+    if isinstance(estimate, int | float) and math.isfinite(estimate):
+        # HTTP delta-seconds (RFC 9110 §10.2.3) are whole; at least 1, so no retry at once.
+        return max(math.ceil(estimate), 1)
+    return configured_s
+
+
+def _retry_after(request: web.Request, exc: ApiError | None = None) -> dict[str, str]:
+    """The Retry-After header of a 503."""
+    configured_s = request.app[SERVICE_KEY].config.retry_after_s
+    return {"Retry-After": str(retry_after_s(exc, configured_s))}
 
 
 def _error_response(exc: ApiError, request: web.Request | None = None) -> web.Response:
     headers = dict(exc.headers)
     if exc.status == 503 and request is not None and SERVICE_KEY in request.app:
-        headers = {**_retry_after(request), **headers}  # every 503 says when to try again
+        headers = {**_retry_after(request, exc), **headers}  # every 503 says when to try again
     return web.json_response(exc.body(), status=exc.status, headers=headers)
 
 

@@ -58,13 +58,20 @@ class CentralQueue:
             self.inflight += 1
             yield p
 
+    def count_ahead(
+        self, deadline_s: float, slo_deadline_s: float, priority: int, now: float
+    ) -> int:
+        """Queued tasks the queue would send before a task with these keys pushed now."""
+        probe = QueuedTask("", 0, deadline_s, slo_deadline_s, priority, now)
+        return len(self.queue.ahead_of(probe))
+
     def done(self) -> None:
         """A task sent from here came back (or was given up): its slot is free."""
         self.inflight -= 1
 
     def remove_query(self, query_id: str) -> bool:
         """Forget the query's task; True if it was still queued (the server never saw it)."""
-        return self.queue.remove_query(query_id)
+        return bool(self.queue.remove_query(query_id))
 
     def drain(self) -> list[PendingTask]:
         """Empty the queue; the tasks that were in it."""

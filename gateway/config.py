@@ -75,7 +75,8 @@ class PoolConfig:
     """`server`: tasks go out at once and queue on the server; `central`: the
     gateway keeps a policy queue per server and sends when a slot is free."""
     policy: QueuePolicy = QueuePolicy.TF_EDFQ
-    """Queue discipline of the gateway-side queues in central mode."""
+    """Queue discipline of the gateway-side queues in central mode; in server mode, the order
+    the wait estimates assume until a server reports its own."""
     cdf: str = "per-server"
     """`per-server`: one online CDF per server; `shared`: one CDF for the pool; `cluster`: one
     CDF per cluster label (a server without a label keeps its own)."""
@@ -231,6 +232,9 @@ class GatewayConfig:
     """New samples between rebuilds of a CDF (and of its deadlines)."""
     tail_fraction: float = 0.05
     """Fraction of samples above the peaks-over-threshold tail threshold."""
+    wait_estimates: bool = False
+    """Estimate every task's queue wait at dispatch (QLM §6) and export the estimate's error
+    (tailgate_wait_estimate_error_seconds); the predictive admission rule does so anyway."""
     default_class: str | None = None
     """Class used when a query names neither a class nor an SLO (None: required)."""
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)

@@ -134,6 +134,7 @@ class TaskLink(Protocol):
     last_error: str
     outstanding: dict[str, PendingTask]
     queue: Any
+    policy: QueuePolicy
     tasks_sent: int
     results: int
 
@@ -227,6 +228,10 @@ class ServerLink:
         self.outstanding: dict[str, PendingTask] = {}
         self.queue = CentralQueue(policy, slots) if central else None
         """Central queueing: this server's policy queue, kept here (gateway.central)."""
+        self.policy = policy
+        """The order tasks wait in for this server: the gateway's queue's (central), else the
+        one the server reports in its heartbeat (the pool's until it does); the wait
+        estimates (gateway.waits) read it."""
         self.round_trips = RoundTrips()
         self._last_heard_s = clock()
         """When the server last sent anything: a result or a heartbeat reply."""
@@ -442,7 +447,11 @@ class ServerLink:
             self.on_violation(self, violation)
 
     def _on_status(self, st: Any) -> None:
-        """Learn from a heartbeat whether the server drains and who owns it."""
+        """Learn from a heartbeat whether the server drains, who owns it and its order."""
+        reported = getattr(st, "policy", None)
+        if self.queue is None and type(reported) is str and reported != self.policy:
+            with contextlib.suppress(ValueError):
+                self.policy = QueuePolicy(reported)
         draining = bool(st is not None and st.draining)
         owner = st.owner if st is not None and type(st.owner) is str else None
         if (draining, owner) == (self.server_draining, self.owner):

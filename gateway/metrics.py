@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable
+from functools import partial
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -17,6 +18,7 @@ from prometheus_client.registry import Collector
 
 from admission import MissRatioWindow
 from gateway.server_windows import ServerMissRatios, server_window
+from gateway.waits import backlog_wait
 from taskserver.metrics import LiteHistogram
 
 if TYPE_CHECKING:
@@ -39,6 +41,11 @@ QUERY_BUCKETS_S = (
     10.0,
     30.0,
 )
+
+_ERROR_BOUNDS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                   0.25, 0.5, 1.0, 2.5, 5.0, 10.0)  # fmt: skip
+WAIT_ERROR_BUCKETS_S = (*(-b for b in reversed(_ERROR_BOUNDS_S)), 0.0, *_ERROR_BOUNDS_S)
+"""Actual minus estimated queue wait: symmetric around 0, from 0.1 ms to 10 s either way."""
 
 POST_QUEUING_QUANTILES = (0.5, 0.9, 0.99, 0.999)
 """Quantiles of each server's post-queuing CDF exported at scrape time."""
@@ -98,6 +105,23 @@ class _TaskCountsCollector(Collector):
         for (cls, pool), n in sorted(self._m.miss_counts.items()):
             misses.add_metric([cls, pool], n)
         yield misses
+        # The error histogram has negative buckets, so it exports no _sum (a falling _sum
+        # would read as a counter reset): the two sides' sums are counters of their own.
+        estimated = CounterMetricFamily(
+            "tailgate_wait_estimated_seconds",
+            "Sum of the estimated queue waits behind tailgate_wait_estimate_error_seconds.",
+            labels=["pool"],
+        )
+        actual = CounterMetricFamily(
+            "tailgate_wait_actual_seconds",
+            "Sum of the actual queue waits behind tailgate_wait_estimate_error_seconds.",
+            labels=["pool"],
+        )
+        for pool, (est_ms, actual_ms) in sorted(self._m.wait_sums_ms.items()):
+            estimated.add_metric([pool], est_ms / 1000.0)
+            actual.add_metric([pool], actual_ms / 1000.0)
+        yield estimated
+        yield actual
 
 
 class _GatewayCollector(Collector):
@@ -153,6 +177,12 @@ class _GatewayCollector(Collector):
             "Quantiles of a server's post-queuing time CDF in the CDF book.",
             labels=["server", "quantile"],
         )
+        est_wait = GaugeMetricFamily(
+            "tailgate_server_estimated_wait_seconds",
+            "Estimated mean queue wait of a task joining at the back of a server's queue now "
+            "(QLM's estimator on the server's post-queuing times).",
+            labels=["server", "pool"],
+        )
         book = view.book
         for lk in links:
             server_ratio.add_metric(
@@ -163,9 +193,12 @@ class _GatewayCollector(Collector):
                 cdf = book.cdf_of(lk.server_id)
                 for q in POST_QUEUING_QUANTILES:
                     post_queuing.add_metric([lk.server_id, f"{q:g}"], cdf.quantile(q) / 1000.0)
+                wait = backlog_wait(lk, partial(book.moments, lk.server_id))
+                est_wait.add_metric([lk.server_id, lk.pool], wait.mean_ms / 1000.0)
         yield server_ratio
         yield depth
         yield post_queuing
+        yield est_wait
         deferred = CounterMetricFamily(
             "tailgate_queries_deferred",
             "Admission DEFER decisions, by class and reason (a query held twice counts twice).",
@@ -213,6 +246,16 @@ class GatewayMetrics:
             QUERY_BUCKETS_S,
             registry,
         )
+        self.wait_error = LiteHistogram(
+            "tailgate_wait_estimate_error_seconds",
+            "Actual minus estimated queue wait of tasks that carried a wait estimate and ran "
+            "(status ok), by pool.",
+            ["pool"],
+            WAIT_ERROR_BUCKETS_S,
+            registry,
+        )
+        self.wait_sums_ms: dict[str, list[float]] = {}
+        """pool -> [estimated, actual] queue waits summed over the same tasks, in ms."""
         self.task_counts: dict[tuple[str, str], int] = {}
         """(pool, status) -> tasks; exported as tailgate_tasks_total."""
         self.miss_counts: dict[tuple[str, str], int] = {}
@@ -273,6 +316,15 @@ class GatewayMetrics:
         """Count one task outcome."""
         key = (pool, status)
         self.task_counts[key] = self.task_counts.get(key, 0) + 1
+
+    def wait_estimate_error(self, pool: str, actual_ms: float, estimated_ms: float) -> None:
+        """Count one task's actual and estimated queue wait, and their difference."""
+        self.wait_error.labels(pool).observe((actual_ms - estimated_ms) / 1000.0)
+        sums = self.wait_sums_ms.get(pool)
+        if sums is None:
+            sums = self.wait_sums_ms[pool] = [0.0, 0.0]
+        sums[0] += estimated_ms
+        sums[1] += actual_ms
 
     def deadline_missed(self, cls: str, pool: str) -> None:
         """Count one task dequeued after its t_D."""

@@ -105,6 +105,16 @@ _SERVER = {
             "description": "what comes off each task's budgets for the way to the server: "
             "half the least of the last 16 heartbeat round trips",
         },
+        "estimated_wait_ms": {
+            "type": "number",
+            "description": "estimated mean queue wait of a task joining at the back of the "
+            "server's queue now (QLM's estimator: the tasks outstanding ahead of it, the busy "
+            "slots and the server's post-queuing times)",
+        },
+        "estimated_wait_sd_ms": {
+            "type": "number",
+            "description": "standard deviation of that wait (its Normal approximation)",
+        },
     },
 }
 
@@ -155,7 +165,11 @@ def openapi_document() -> dict[str, Any]:
                         "422": _err("SLO below the unloaded p-th latency for this fanout"),
                         "502": _json("QueryAnswer", "a task failed or its server was lost"),
                         "503": _err(
-                            "no server can take the query, or the gateway is draining "
+                            "no server can take the query, admission control rejected it "
+                            "(code `admission_rejected`; the predictive rule adds `reason` "
+                            "`predicted_miss`, `estimated_wait_ms`, `retry_after_s`, "
+                            "`meet_probability`, `level` and `class`, and Retry-After is "
+                            "derived from its estimate), the gateway is draining "
                             "(code `draining`) or another gateway owns the central pool "
                             "(code `pool_owned_elsewhere`); Retry-After"
                         ),

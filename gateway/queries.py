@@ -170,3 +170,5 @@ class PendingTask:
     """Central queueing: time spent in the gateway's queue for this server."""
     missed_deadline: bool | None = None
     """Central queueing: decided at the gateway's dequeue; None: the server decides."""
+    est_wait_ms: float | None = None
+    """The queue wait estimated for it at admission (gateway.waits); None: not estimated."""

@@ -5,7 +5,10 @@ turns a validated request into k_f tasks with TailGuard deadlines on the links t
 server registry picks, and their outcomes into a `QueryAnswer` whose `QueryOutcome` the
 HTTP shell (gateway.app) maps to a status. It learns every task's fate through the link
 callbacks (`on_result`, `on_failure`, `on_dequeue`), which feed the CDF book, the
-admission gate, the autoscaler and the metrics.
+admission gate, the autoscaler and the metrics. Under the predictive admission rule (or
+with `wait_estimates`) each target's queue wait is estimated before dispatch
+(`gateway.waits`, QLM §6), kept on its task, and compared with the actual wait when the
+result comes back.
 
 Lifecycle: ``drain`` stops admitting (new queries get 503 ``draining``) and waits for the
 queries in flight, each of which already ends by its SLO plus the grace, so a stopping
@@ -18,10 +21,12 @@ import asyncio
 import itertools
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from admission import AdmissionGate, QueryInfo
+from admission import AdmissionGate, QueryInfo, WaitEstimate, meet_probability
+from admission.waiting import NO_WAIT, LogCdf
 from gateway.cdf import CdfBook
 from gateway.config import GatewayConfig
 from gateway.deadlines import DeadlineEstimator, DeadlinePlan, SloUnreachable
@@ -43,6 +48,7 @@ from gateway.queries import (
 )
 from gateway.requests import QueryRequest
 from gateway.server_registry import ServerRegistry
+from gateway.waits import NewTask, largest_mean_ms, link_wait
 
 if TYPE_CHECKING:
     from gateway.autoscaling import AutoscalerLoop
@@ -121,6 +127,8 @@ class QueryPath:
         self._idle.set()
         self._cut: set[str] = set()
         """Queries the drain bound ended before their own deadline."""
+        self._wait_estimates = config.wait_estimates
+        """Estimate every task's queue wait even when admission does not read it."""
 
     def resolve(self, req: QueryRequest) -> list[TaskLink]:
         """The k_f target servers of a query (TailGuard §III.B: the handler picks them)."""
@@ -173,19 +181,19 @@ class QueryPath:
         if down:
             self.metrics.queries.labels(cls, "rejected").inc()
             raise self._unreachable(down)
-        # Admission (TailGuard §III.D): may hold the query (DEFER) or refuse it (503).
+        deadline_s = t0 + plan.budget_ms / 1000.0  # TailGuard eq. (4): t_D = t0 + T_b
+        slo_deadline_s = t0 + req.slo_ms / 1000.0
+        new = NewTask(deadline_s, slo_deadline_s, req.priority)
         try:
-            if not self.gate.clearly_admitted():
-                info = QueryInfo(cls, req.priority, len(links), req.slo_ms, plan.unloaded_ms)
-                await admit(self.gate, info, self._queue_pressure)
+            waits = await self._admit(req, cls, links, plan, new, t0)
         except Unavailable as exc:
             self.metrics.queries.labels(cls, "rejected").inc()
             self.metrics.admission_rejected(cls, str(exc.extra.get("reason", "")))
             raise
+        if waits is None and self._wait_estimates:
+            waits = self.estimate_waits(links, new)
         qid = f"{self._id_prefix}-{next(self._ids)}"
         run = QueryRun(qid, len(links), t0)
-        deadline_s = t0 + plan.budget_ms / 1000.0  # TailGuard eq. (4): t_D = t0 + T_b
-        slo_deadline_s = t0 + req.slo_ms / 1000.0
         self._inflight[qid] = run
         self.metrics.inflight.inc()
         try:
@@ -199,6 +207,7 @@ class QueryPath:
                     req.priority,
                     cls,
                     req.payload,
+                    est_wait_ms=None if waits is None else waits[i].mean_ms,
                 )
                 try:
                     link.dispatch(p)
@@ -236,6 +245,64 @@ class QueryPath:
             self._inflight.pop(qid, None)
             self.metrics.inflight.dec()
         return self._answer(req, run, plan, links)
+
+    async def _admit(
+        self,
+        req: QueryRequest,
+        cls: str,
+        links: list[TaskLink],
+        plan: DeadlinePlan,
+        new: NewTask,
+        t0: float,
+    ) -> list[WaitEstimate] | None:
+        """Admission (TailGuard §III.D; QLM §6 for the predictive rule): may hold the query
+        (DEFER) or refuse it (503); returns the targets' wait estimates it read, if any."""
+        if self.gate.clearly_admitted():
+            return None
+        info = QueryInfo(
+            cls, req.priority, len(links), req.slo_ms, plan.unloaded_ms, percentile=req.percentile
+        )
+        if not self.gate.needs_wait:
+            await admit(self.gate, info, self._queue_pressure)
+            return None
+        waits: list[WaitEstimate] = []
+
+        def predict(q: QueryInfo) -> QueryInfo:
+            # Asked again after each deferral: the queues and the slack have moved since.
+            waits[:] = self.estimate_waits(links, new)
+            meet = self.meet_probability(links, waits, t0, req.slo_ms)
+            return replace(q, meet_prob=meet, wait_ms=largest_mean_ms(waits))
+
+        await admit(self.gate, predict(info), self._queue_pressure, rewait=predict)
+        return waits
+
+    def estimate_waits(self, links: list[TaskLink], new: NewTask) -> list[WaitEstimate]:
+        """Each target's queue wait for a task with these keys dispatched now (QLM §6)."""
+        now = self.clock()
+        book = self.book
+        return [
+            link_wait(lk, new, now, partial(book.moments, lk.server_id))
+            if book.has_server(lk.server_id)
+            else NO_WAIT  # deregistered meanwhile (a deferral): its task fails as lost
+            for lk in links
+        ]
+
+    def meet_probability(
+        self, links: list[TaskLink], waits: list[WaitEstimate], t0: float, slo_ms: float
+    ) -> float:
+        """P(every task's wait plus post-queuing time fits in what is left of the SLO)."""
+        book = self.book
+        rows: dict[int, tuple[LogCdf, list[WaitEstimate]]] = {}
+        for lk, w in zip(links, waits, strict=True):
+            if not book.has_server(lk.server_id):
+                continue
+            key = book.row_key(lk.server_id)
+            row = rows.get(key)
+            if row is None:
+                row = rows[key] = (book.cdf_of(lk.server_id).log_cdf, [])
+            row[1].append(w)
+        slack_ms = slo_ms - (self.clock() - t0) * 1000.0
+        return meet_probability(rows.values(), slack_ms)
 
     def _abandon(self, run: QueryRun, links: list[TaskLink], reason: str) -> dict[str, int]:
         """Cancel every task of the query that has no outcome yet; how many, per pool."""
@@ -386,6 +453,10 @@ class QueryPath:
             missed = bool(r.missed_deadline)
         self.metrics.task_done(link.pool, status)
         if status == OK:
+            if p.est_wait_ms is not None:
+                # The server's own queue wait (server queueing: no network in it).
+                actual_ms = queue_ms if link.central else r.queue_ms
+                self.metrics.wait_estimate_error(link.pool, actual_ms, p.est_wait_ms)
             self.book.observe(link.server_id, post_queue_ms)
             if not link.central:
                 # TailGuard §III.D: the miss flag comes back with the result (central

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from gateway.cdf import CdfBook
@@ -23,6 +24,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.requests import RegisterRequest
 from gateway.table_cdf import prior_of
 from gateway.targets import TargetPicker
+from gateway.waits import backlog_wait
 from taskserver.framecheck import WireLimits
 from taskserver.service_time import make_distribution
 
@@ -188,6 +190,10 @@ class ServerRegistry:
             view["post_queue_ms"] = {
                 f"p{q:g}": round(cdf.quantile(q / 100.0), 4) for q in (50, 90, 99, 99.9)
             }
+            # QLM §6: what a task joining at the back of its queue now would wait.
+            wait = backlog_wait(link, partial(self.book.moments, link.server_id))
+            view["estimated_wait_ms"] = round(wait.mean_ms, 4)
+            view["estimated_wait_sd_ms"] = round(wait.sd_ms, 4)
         return view
 
     def on_link_change(self, link: TaskLink) -> None:

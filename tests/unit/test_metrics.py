@@ -6,6 +6,7 @@ from collections import Counter
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from admission import MissRatioWindow
@@ -48,6 +49,8 @@ class FakeLink:
         self.server_id = server_id
         self.pool = pool
         self.outstanding = {f"q{i}": None for i in range(outstanding)}
+        self.slots = 1
+        self.queue = None
 
 
 def make_view(clock: list[float], **changes: Any) -> SimpleNamespace:
@@ -183,9 +186,15 @@ def test_queue_depth_post_queuing_quantiles_and_deferrals_are_read_at_scrape() -
     }
     assert 0.045 < quantiles["0.5"] < 0.055
     assert quantiles["0.5"] < quantiles["0.9"] < quantiles["0.99"] <= quantiles["0.999"]
+    # QLM §6 at the back of the queue: two queued behind the one busy slot, plus the
+    # residual E[S^2] / 2E[S] of the task in service (samples 1..100 ms: 33.5 ms).
+    labels = {"server": "ts-1", "pool": "default"}
+    wait_s = value("tailgate_server_estimated_wait_seconds", labels)
+    assert wait_s == pytest.approx((2 * 50.5 + 33.5) / 1000.0)
     view.links["ts-1"].outstanding.clear()
     view.gate.controller.deferred[("C", "cost_ladder_defer")] += 2
     assert value("tailgate_server_queue_depth", {"server": "ts-1", "pool": "default"}) == 0.0
+    assert value("tailgate_server_estimated_wait_seconds", labels) == 0.0
     deferred = {"class": "C", "reason": "cost_ladder_defer"}
     assert value("tailgate_queries_deferred_total", deferred) == 2.0
 

@@ -20,6 +20,7 @@ from gateway.links import LinkDown, TaskReport
 from gateway.queries import PendingTask, QueryOutcome
 from gateway.requests import QueryRequest, RegisterRequest, Targets
 from gateway.service import GatewayService
+from taskserver.queues import QueuePolicy
 from taskserver.wire import TaskStatus
 
 
@@ -51,6 +52,7 @@ class FakeLink:
         self.last_error = ""
         self.outstanding: dict[str, PendingTask] = {}
         self.queue = None
+        self.policy: QueuePolicy = kw.get("policy", QueuePolicy.TF_EDFQ)
         self.tasks_sent = 0
         self.results = 0
         self.up = True
@@ -232,3 +234,82 @@ async def test_task_misses_reported_by_servers_feed_the_admission_window() -> No
     window = svc.gate.window
     assert window.ratio(clock(), "B") == pytest.approx(0.5)
     assert not math.isnan(window.ratio(clock()))
+
+
+# -- queue-wait estimates and predictive admission (QLM §6) -----------------------------------
+
+
+def _answer_all(link: FakeLink, clock: FakeClock, queue_ms: float = 1.0) -> None:
+    """Every outstanding task's result, each having waited queue_ms on the server."""
+    for qid, p in list(link.outstanding.items()):
+        del link.outstanding[qid]
+        report = TaskReport(TaskStatus.OK, queue_ms, 5.0, 6.0, False, b"{}", None)
+        link.on_result(link, p, report, clock())
+
+
+async def test_predictive_admission_rejects_a_query_predicted_to_miss_before_dispatch() -> None:
+    svc, clock, links = await _service(1, admission=AdmissionConfig(rule=Rule.PREDICTIVE))
+    assert svc.gate.needs_wait
+    # Idle: admitted, and its task carries its estimate (a free slot: no wait).
+    started = [await _started(svc, _query(1, slo_ms=1000.0))]
+    assert links[0].sent[0].est_wait_ms == 0.0
+    # Nineteen more queue up behind it on the one slot (a 1 s SLO leaves room for them).
+    for _ in range(19):
+        started.append(await _started(svc, _query(1, slo_ms=1000.0)))
+    assert len(links[0].sent) == 20
+    # A 20 ms query due after all of them (TF-EDFQ: its t_D is later): the prior's service
+    # is ~2.3 ms a task, so twenty ahead of it cannot make it.
+    clock.now += 0.995
+    with pytest.raises(Unavailable) as err:
+        await svc.run_query(_query(1, slo_ms=20.0))
+    extra = err.value.extra
+    assert err.value.code == "admission_rejected" and extra["reason"] == "predicted_miss"
+    assert extra["estimated_wait_ms"] > 30.0
+    assert extra["meet_probability"] < extra["level"] == 0.99
+    # Retry once the backlog is down to its queueing budget (SLO - x_p^u).
+    budget_ms = 20.0 - svc.plan(_query(1, slo_ms=20.0), links).unloaded_ms
+    assert extra["retry_after_s"] == pytest.approx(
+        (extra["estimated_wait_ms"] - budget_ms) / 1000.0, abs=1e-3
+    )
+    assert extra["class"] == "B"
+    assert "P(latency <= 20 ms)" in err.value.message
+    assert len(links[0].sent) == 20  # nothing went out for it
+    reject = {"class": "B", "reason": "predicted_miss"}
+    assert svc.registry.get_sample_value("tailgate_admission_rejections_total", reject) == 1.0
+    _answer_all(links[0], clock)
+    for task in started:
+        assert (await task).outcome is QueryOutcome.MET
+
+
+async def test_wait_estimates_are_kept_per_task_and_their_error_is_measured() -> None:
+    svc, clock, links = await _service(1, wait_estimates=True)
+    assert not svc.gate.needs_wait
+    first = await _started(svc, _query(1))
+    second = await _started(svc, _query(1))  # behind the first, on the one slot
+    est = [p.est_wait_ms for p in links[0].sent]
+    assert est[0] == 0.0
+    moments = svc.book.moments("s0")
+    assert est[1] == pytest.approx(moments.residual_mean_ms)  # the task in service's residual
+    _answer_all(links[0], clock, queue_ms=1.0)
+    await first, await second
+    value = svc.registry.get_sample_value
+    pool = {"pool": "default"}
+    errors = {"pool": "default", "le": "+Inf"}
+    assert value("tailgate_wait_estimate_error_seconds_bucket", errors) == 2.0
+    # Errors of both signs: the sums are two counters (a histogram _sum must not fall).
+    assert value("tailgate_wait_estimated_seconds_total", pool) == pytest.approx(est[1] / 1000.0)
+    assert value("tailgate_wait_actual_seconds_total", pool) == pytest.approx(2.0 / 1000.0)
+    below = {"pool": "default", "le": "0.0"}
+    assert value("tailgate_wait_estimate_error_seconds_bucket", below) == 1.0  # est[1] > 1 ms
+
+
+async def test_by_default_no_task_carries_a_wait_estimate() -> None:
+    svc, clock, links = await _service(1)
+    task = await _started(svc, _query(1))
+    assert links[0].sent[0].est_wait_ms is None
+    _answer_all(links[0], clock)
+    await task
+    count = svc.registry.get_sample_value(
+        "tailgate_wait_estimate_error_seconds_bucket", {"pool": "default", "le": "+Inf"}
+    )
+    assert count is None
