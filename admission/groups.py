@@ -24,7 +24,11 @@ from typing import Any
 
 from admission.errors import PolicyValueError
 
-__all__ = ["ArrivalRates", "GroupStats", "RequestGroups", "cost_bucket"]
+__all__ = ["RATE_WINDOW_SERVICES", "ArrivalRates", "GroupStats", "RequestGroups", "cost_bucket"]
+
+RATE_WINDOW_SERVICES = 1000.0
+"""A server's group arrival rates are weighted over this many of its mean service times:
+about a thousand tasks per server at full load, so a rate is known to a few per cent."""
 
 
 class ArrivalRates:

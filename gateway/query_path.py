@@ -26,7 +26,14 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from admission import AdmissionGate, QueryInfo, WaitEstimate, meet_probability
-from admission.waiting import NO_WAIT, LogCdf
+from admission.groups import RATE_WINDOW_SERVICES, ArrivalRates
+from admission.waiting import (
+    NO_WAIT,
+    LogCdf,
+    ServiceMoments,
+    overtake_window,
+    with_overtaking,
+)
 from gateway.cdf import CdfBook
 from gateway.config import GatewayConfig
 from gateway.deadlines import DeadlineEstimator, DeadlinePlan, SloUnreachable
@@ -127,6 +134,10 @@ class QueryPath:
         self._idle.set()
         self._cut: set[str] = set()
         """Queries the drain bound ended before their own deadline."""
+        self._group_rates: dict[str, ArrivalRates] = {}
+        """Per server: each request group's task arrival rate (per second)."""
+        self._group_keys: dict[tuple[str, int], tuple[float, float, int]] = {}
+        """Per request group (class, fanout): its last (T_b ms, SLO ms, priority)."""
         self._wait_estimates = config.wait_estimates
         """Estimate every task's queue wait even when admission does not read it."""
 
@@ -183,7 +194,7 @@ class QueryPath:
             raise self._unreachable(down)
         deadline_s = t0 + plan.budget_ms / 1000.0  # TailGuard eq. (4): t_D = t0 + T_b
         slo_deadline_s = t0 + req.slo_ms / 1000.0
-        new = NewTask(deadline_s, slo_deadline_s, req.priority)
+        new = NewTask(deadline_s, slo_deadline_s, req.priority, plan.budget_ms, req.slo_ms)
         try:
             waits = await self._admit(req, cls, links, plan, new, t0)
         except Unavailable as exc:
@@ -215,6 +226,8 @@ class QueryPath:
                     run.complete(i, TaskOutcome(link.server_id, LOST, error=str(exc)), self.clock())
                     break
             run.t_sent = self.clock()
+            if waits is not None:
+                self._arrived(links, (cls, len(links)), new, run.t_sent)
             # Never later than SLO + grace: one timer per query resolves `done` if still open.
             timeout_s = slo_deadline_s + self.config.grace_ms / 1000.0 - self.clock()
             timer = asyncio.get_running_loop().call_later(max(timeout_s, 0.0), run.expire)
@@ -277,15 +290,60 @@ class QueryPath:
         return waits
 
     def estimate_waits(self, links: list[TaskLink], new: NewTask) -> list[WaitEstimate]:
-        """Each target's queue wait for a task with these keys dispatched now (QLM §6)."""
+        """Each target's queue wait for a task with these keys dispatched now (QLM §6), with
+        the work of later arrivals that will overtake it in the server's order."""
         now = self.clock()
         book = self.book
-        return [
-            link_wait(lk, new, now, partial(book.moments, lk.server_id))
-            if book.has_server(lk.server_id)
-            else NO_WAIT  # deregistered meanwhile (a deferral): its task fails as lost
-            for lk in links
+        out: list[WaitEstimate] = []
+        for lk in links:
+            if not book.has_server(lk.server_id):
+                out.append(NO_WAIT)  # deregistered meanwhile (a deferral): its task fails as lost
+                self._group_rates.pop(lk.server_id, None)
+                continue
+            moments = partial(book.moments, lk.server_id)
+            e = link_wait(lk, new, now, moments)
+            rates = self._group_rates.get(lk.server_id)
+            if rates is not None and (e.mean_ms or e.sd_ms):
+                e = self._overtaken(lk, e, new, now, rates, moments())
+            out.append(e)
+        return out
+
+    def _overtaken(
+        self,
+        lk: TaskLink,
+        e: WaitEstimate,
+        new: NewTask,
+        now: float,
+        rates: ArrivalRates,
+        m: ServiceMoments,
+    ) -> WaitEstimate:
+        """`e` plus the tasks that will arrive while it waits and go ahead of it
+        (admission.waiting.with_overtaking, beyond QLM), from the link's group rates."""
+        policy = str(lk.policy)
+        mine = (new.budget_ms, new.slo_ms, new.priority)
+        keys = self._group_keys
+        overtakers = [
+            (rate / 1000.0, overtake_window(policy, mine, keys[g]), m)  # rate: per ms
+            for g, rate in rates.rates(now)
         ]
+        return with_overtaking(e, overtakers, lk.slots)
+
+    def _arrived(
+        self, links: list[TaskLink], group: tuple[str, int], new: NewTask, now: float
+    ) -> None:
+        """A query of request group (class, fanout) reached these servers: their group
+        arrival rates (QLM §4's groups, what overtaking needs), weighted over
+        RATE_WINDOW_SERVICES of each server's mean service time."""
+        self._group_keys[group] = (new.budget_ms, new.slo_ms, new.priority)
+        book = self.book
+        for lk in links:
+            rates = self._group_rates.get(lk.server_id)
+            if rates is None:
+                if not book.has_server(lk.server_id):
+                    continue
+                tau_s = RATE_WINDOW_SERVICES * book.moments(lk.server_id).mean_ms / 1000.0
+                rates = self._group_rates[lk.server_id] = ArrivalRates(tau_s)
+            rates.add(group, now)
 
     def meet_probability(
         self, links: list[TaskLink], waits: list[WaitEstimate], t0: float, slo_ms: float

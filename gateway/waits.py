@@ -59,6 +59,10 @@ class NewTask:
     deadline_s: float
     slo_deadline_s: float
     priority: int
+    budget_ms: float = 0.0
+    """Its task budget T_b (the TF-EDFQ key's offset from its arrival)."""
+    slo_ms: float = 0.0
+    """Its SLO (the T-EDFQ key's offset)."""
 
 
 _FIRST_KEY: dict[QueuePolicy, Callable[[KeyedTask], float]] = {

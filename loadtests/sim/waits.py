@@ -14,15 +14,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from admission.groups import ArrivalRates
+from admission.groups import RATE_WINDOW_SERVICES, ArrivalRates
 from admission.waiting import LogCdf, ServiceMoments, WaitEstimate, meet_probability
 from gateway.cdf import CdfBook
 
-__all__ = ["RATE_WINDOW_SERVICES", "SimWaits"]
-
-RATE_WINDOW_SERVICES = 1000.0
-"""Group arrival rates are weighted over this many mean service times of the server: about
-a thousand tasks per server at full load, so a rate is known to a few per cent."""
+__all__ = ["SimWaits"]
 
 
 @dataclass(slots=True)

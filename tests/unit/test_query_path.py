@@ -313,3 +313,32 @@ async def test_by_default_no_task_carries_a_wait_estimate() -> None:
         "tailgate_wait_estimate_error_seconds_bucket", {"pool": "default", "le": "+Inf"}
     )
     assert count is None
+
+
+async def test_a_wait_estimate_adds_the_tighter_groups_that_will_overtake() -> None:
+    svc, clock, links = await _service(1, wait_estimates=True)
+    started = []
+    # Class A (SLO 100 ms) arrives at 200 queries/s for a second: its tasks, with the
+    # tighter TF-EDFQ budget, go ahead of a class-B task (SLO 300 ms) that waits.
+    for _ in range(200):
+        started.append(await _started(svc, _query(1, cls="A", slo_ms=100.0)))
+        _answer_all(links[0], clock)
+        clock.now += 0.005
+    started.append(await _started(svc, _query(1, cls="A", slo_ms=100.0)))  # one in service
+    await _started(svc, _query(1, cls="B", slo_ms=300.0))
+    b_task = links[0].sent[-1]
+    m = svc.book.moments("s0")
+    base = m.residual_mean_ms  # QLM's estimate: the one in service, nothing queued ahead
+    assert b_task.class_name == "B" and b_task.est_wait_ms is not None
+    # W = W0 / (1 - rho_A) with rho_A = 200/s x the mean service (the window, 200 ms of
+    # budget difference, stays open at these waits).
+    rho = 0.2 * m.mean_ms
+    assert b_task.est_wait_ms == pytest.approx(base / (1.0 - rho), rel=0.05)
+    assert b_task.est_wait_ms > base
+    # A class-A task goes ahead of the waiting B task and is overtaken by nothing: its
+    # estimate is QLM's, the residual of the one in service.
+    await _started(svc, _query(1, cls="A", slo_ms=100.0))
+    assert links[0].sent[-1].est_wait_ms == pytest.approx(base, rel=1e-9)
+    _answer_all(links[0], clock)
+    for t in started:
+        await t
