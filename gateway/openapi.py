@@ -41,6 +41,11 @@ _TASK = {
         "missed_deadline": {"type": ["boolean", "null"]},
         "result": {},
         "error": {"type": "string"},
+        "estimated_wait_ms": {
+            "type": "number",
+            "description": "the queue wait estimated before dispatch (predictive admission or "
+            "[gateway] wait_estimates); queue_ms is the actual one",
+        },
     },
 }
 

@@ -64,6 +64,8 @@ class TaskOutcome:
     result: bytes | None = None
     """The executor's raw result (JSON for the built-in executors)."""
     error: str | None = None
+    estimated_wait_ms: float | None = None
+    """The queue wait estimated for it before dispatch (QLM §6), when estimates were made."""
 
     def to_json(self) -> dict[str, Any]:
         """The task's entry in the query answer."""
@@ -79,6 +81,8 @@ class TaskOutcome:
         }
         if self.error is not None:
             out["error"] = self.error
+        if self.estimated_wait_ms is not None:
+            out["estimated_wait_ms"] = _ms(self.estimated_wait_ms)
         return out
 
 

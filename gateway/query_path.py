@@ -536,6 +536,7 @@ class QueryPath:
             missed,
             r.result,
             r.error,
+            p.est_wait_ms,
         )
         p.run.complete(p.index, outcome, now)
 

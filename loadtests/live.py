@@ -66,6 +66,9 @@ class LiveRun:
     wall_s: float
     valid: bool
     gap: dict[str, tuple[float, float]]
+    waits: dict[str, dict[str, float]]
+    """With wait estimates: per class (and "all"), the estimator's accuracy on the tasks
+    that queued (tasks, R², error p50 / p99 in scenario ms; error = actual - estimated)."""
     """Where live time goes beyond the model, p50 and p99 in scenario ms (`_gap_parts`)."""
 
     def to_text(self) -> str:
@@ -84,6 +87,19 @@ class LiveRun:
                 f"{self.servers_cpu_share:.0%}; {flag}",
                 "beyond the model (scenario ms, p50 / p99): "
                 + "; ".join(f"{k} {a:.4f} / {b:.4f}" for k, (a, b) in self.gap.items()),
+                *(
+                    [
+                        "queue-wait estimates (QLM §6; tasks that found their server busy, "
+                        "error = actual - estimated, scenario ms): "
+                        + "; ".join(
+                            f"{k} {int(v['tasks']):,} tasks, R² {v['r2']:.3f}, error p50 "
+                            f"{v['p50']:+.4f} / p99 {v['p99']:+.4f}"
+                            for k, v in self.waits.items()
+                        )
+                    ]
+                    if self.waits
+                    else []
+                ),
             ]
         )
 
@@ -122,6 +138,41 @@ def _gap_parts(
         for k, v in parts.items()
         if v
     }
+
+
+def _wait_accuracy(
+    scn: Scenario, plan: list[Any], answers: list[dict[str, Any] | None], scale: float
+) -> dict[str, dict[str, float]]:
+    """The gateway's queue-wait estimates against the waits the tasks had (the answer's
+    queue_ms), per class, over the tasks that found their server busy (QLM §6's accuracy,
+    as the wait-estimator experiment reports it in the simulator)."""
+    est: dict[str, list[float]] = {}
+    act: dict[str, list[float]] = {}
+    for q, a in zip(plan, answers, strict=True):
+        if a is None or not a.get("tasks"):
+            continue
+        cls = str(a.get("class") or q.body.get("class"))
+        for t in a["tasks"]:
+            e, w = t.get("estimated_wait_ms"), t.get("queue_ms")
+            if t.get("status") != "ok" or e is None or w is None or (e <= 0 and w <= 0):
+                continue
+            for key in ("all", cls):
+                est.setdefault(key, []).append(e / scale)
+                act.setdefault(key, []).append(w / scale)
+    out: dict[str, dict[str, float]] = {}
+    for key in ["all", *(c.name for c in scn.classes)]:
+        if key not in est:
+            continue
+        e, w = np.asarray(est[key]), np.asarray(act[key])
+        err = w - e
+        tot = float(((w - w.mean()) ** 2).sum())
+        out[key] = {
+            "tasks": float(e.size),
+            "r2": 1.0 - float((err**2).sum()) / tot if tot > 0 else math.nan,
+            "p50": float(np.percentile(err, 50)),
+            "p99": float(np.percentile(err, 99)),
+        }
+    return out
 
 
 def _cpu_s(pid: int) -> float:
@@ -278,8 +329,11 @@ def run_live(
     per_process: int = 25,
     service_path: str,
     concurrency: int = 256,
+    wait_estimates: bool = False,
 ) -> LiveRun:
-    """Replay `scn` at `load` on real processes and simulate the same queries."""
+    """Replay `scn` at `load` on real processes and simulate the same queries; with
+    `wait_estimates` the gateway estimates every task's queue wait and the report gives
+    the estimates' accuracy (QLM §6)."""
     policy = policy or str(scn.run.policy)
     scn = replace(scn, run=replace(scn.run, policy=policy))
     plan = plan_queries(scn, load, scale, "em", per_process)
@@ -288,7 +342,7 @@ def run_live(
     procs: list[subprocess.Popen] = []
     with tempfile.TemporaryDirectory(prefix="tailgate-live-") as tmp:
         cfg = Path(tmp) / "gateway.toml"
-        cfg.write_text(live_gateway_toml(scn, scale, service_path))
+        cfg.write_text(live_gateway_toml(scn, scale, service_path, wait_estimates))
         try:
             gw, (info,) = _start([*tailgate_argv(str(cfg)), "gateway", "--port", "0"], env, 1)
             procs.append(gw)
@@ -308,7 +362,9 @@ def run_live(
             with asyncio.Runner(
                 loop_factory=lambda: asyncio.SelectorEventLoop(selectors.SelectSelector())
             ) as runner:
-                return runner.run(_replay(scn, load, policy, plan, url, procs, scale, concurrency))
+                return runner.run(
+                    _replay(scn, load, policy, plan, url, procs, scale, concurrency, wait_estimates)
+                )
         finally:
             for proc in procs:
                 if proc.poll() is None:
@@ -332,6 +388,7 @@ async def _replay(
     procs: list[subprocess.Popen],
     scale: float,
     concurrency: int,
+    wait_estimates: bool = False,
 ) -> LiveRun:
     async with aiohttp.ClientSession() as http:
         await _wait_servers_up(http, url, scn.servers.count)
@@ -358,6 +415,7 @@ async def _replay(
     sim_result = simulate(scn, load)  # the plan is this scenario's workload at this load
     live, sim = report(live_result), report(sim_result)
     gap = _gap_parts(plan, answers, scale)
+    waits = _wait_accuracy(scn, plan, answers, scale) if wait_estimates else {}
     if (
         not live_result.rejected_queries
         and not sim_result.rejected_queries
@@ -382,6 +440,7 @@ async def _replay(
         wall_s=wall,
         valid=p99 <= 0.01 * min_slo_ms,
         gap=gap,
+        waits=waits,
     )
 
 
@@ -486,6 +545,11 @@ def main(argv: list[str] | None = None) -> int:
             required=True,
             help="the service-time table (e.g. ../shared/data/tailbench/masstree_quantiles.txt)",
         )
+        q.add_argument(
+            "--wait-estimates",
+            action="store_true",
+            help="the gateway estimates every task's queue wait (QLM §6); report their accuracy",
+        )
     args = p.parse_args(argv)
 
     def on_sigterm(signum: int, frame: object) -> None:
@@ -498,7 +562,12 @@ def main(argv: list[str] | None = None) -> int:
         scn = scn.with_service(ServiceSpec(kind="quantiles", path=path))
         if args.queries:
             scn = replace(scn, run=replace(scn.run, queries=args.queries))
-        opts = {"scale": args.scale, "per_process": args.per_process, "service_path": path}
+        opts = {
+            "scale": args.scale,
+            "per_process": args.per_process,
+            "service_path": path,
+            "wait_estimates": args.wait_estimates,
+        }
         if args.action == "run":
             run = run_live(scn, args.load, policy=args.policy, **opts)
             print(run.to_text())

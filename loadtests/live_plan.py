@@ -84,17 +84,20 @@ def plan_queries(
     return out
 
 
-def live_gateway_toml(scn: Scenario, scale: float, service_path: str) -> str:
+def live_gateway_toml(
+    scn: Scenario, scale: float, service_path: str, wait_estimates: bool = False
+) -> str:
     """The gateway config of a replay: the scenario's classes (SLOs scaled), its admission
     control (durations scaled; a scenario without admission turns the gateway's off), one
     pool in its queueing mode and policy, with the scaled service law (from
-    `service_path`) as prior."""
+    `service_path`) as prior; `wait_estimates`: every task's queue wait estimated."""
     if scn.servers.pools:
         raise ValueError("servers.pools: a live replay runs one pool of equal servers so far")
     prio = class_priorities(scn)
     lines = [
         "[gateway]",
         'storage_url = ""',
+        *(["wait_estimates = true"] if wait_estimates else []),
         "",
     ]
     for i, c in enumerate(scn.classes):
@@ -132,6 +135,9 @@ def live_gateway_toml(scn: Scenario, scale: float, service_path: str) -> str:
         f"throttle_interval_s = {a.throttle_interval_s * scale!r}",
         f"throttle_gain = {a.throttle_gain!r}",
         f"throttle_min_fraction = {a.throttle_min_fraction!r}",
+        f'ladder_shedding = "{a.ladder_shedding}"',
+        *([f"predictive_level = {a.predictive_level!r}"] if a.predictive_level else []),
+        f'predictive_backstop = "{a.predictive_backstop}"',
         "",
     ]
     # The prior's wire overhead is the simulator's model of it, scaled like every duration;

@@ -27,7 +27,9 @@ def test_a_small_replay_answers_every_query_and_reports_like_the_simulator() -> 
     scn = load_scenario(REPO / "loadtests" / "scenarios" / "fanout-single-class.toml")
     scn = scn.with_service(ServiceSpec(kind="quantiles", path=str(TABLE)))
     scn = replace(scn, run=replace(scn.run, queries=300))
-    run = run_live(scn, 0.2, scale=100.0, per_process=50, service_path=str(TABLE))
+    run = run_live(
+        scn, 0.2, scale=100.0, per_process=50, service_path=str(TABLE), wait_estimates=True
+    )
     assert run.answered == {200: 300}, run.to_text()
     assert run.sent == 300
     live, sim = run.live, run.sim
@@ -38,5 +40,9 @@ def test_a_small_replay_answers_every_query_and_reports_like_the_simulator() -> 
     # where live time goes beyond the model, from every answered task and query
     assert set(run.gap) == {"emulation", "gateway+wire", "query, live - simulated"}
     assert all(p50 <= p99 for p50, p99 in run.gap.values())
+    # the gateway's queue-wait estimates against the waits the tasks had (QLM §6)
+    assert run.waits.keys() == {"all", "I"} and run.waits["all"]["tasks"] > 0
+    assert run.waits["all"]["p50"] <= run.waits["all"]["p99"]
     text = run.to_text()
     assert "== live (time scale 100" in text and "driver lateness p99" in text
+    assert "queue-wait estimates (QLM §6" in text

@@ -291,7 +291,12 @@ async def test_wait_estimates_are_kept_per_task_and_their_error_is_measured() ->
     moments = svc.book.moments("s0")
     assert est[1] == pytest.approx(moments.residual_mean_ms)  # the task in service's residual
     _answer_all(links[0], clock, queue_ms=1.0)
-    await first, await second
+    answers = [await first, await second]
+    # Each task's answer carries its estimate beside the actual queue_ms.
+    assert [a.body["tasks"][0]["estimated_wait_ms"] for a in answers] == [
+        0.0,
+        pytest.approx(est[1], abs=1e-4),
+    ]
     value = svc.registry.get_sample_value
     pool = {"pool": "default"}
     errors = {"pool": "default", "le": "+Inf"}
