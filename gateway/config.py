@@ -89,10 +89,16 @@ class PoolConfig:
     clusters: tuple[str, ...] = ()
     """Clusters known before any of their servers registers: a query naming one with no live
     server gets 503 (try again) rather than 400 (unknown cluster)."""
+    pick: str = "random"
+    """How `fanout: k` picks k servers: `random`, or `least-wait`: the k with the smallest
+    estimated queue wait for a task joining the back of their queue (QLM's load balancing;
+    ties to the faster server, then at random)."""
 
     def __post_init__(self) -> None:
         if not self.name:
             raise ValueError("name: must not be empty")
+        if self.pick not in ("random", "least-wait"):
+            raise ValueError(f"pick: must be 'random' or 'least-wait', got {self.pick!r}")
         if self.queueing not in ("server", "central"):
             raise ValueError(f"queueing: must be 'server' or 'central', got {self.queueing!r}")
         object.__setattr__(self, "policy", QueuePolicy.parse(self.policy))

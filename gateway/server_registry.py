@@ -11,6 +11,7 @@ task's fate to the query path through the callbacks wired in by `GatewayService`
 from __future__ import annotations
 
 import logging
+import math
 import random
 from collections.abc import Callable
 from functools import partial
@@ -66,7 +67,7 @@ class ServerRegistry:
         self.instance_id = instance_id
         self._link_factory = link_factory
         self.links: dict[str, TaskLink] = {}
-        self.targets = TargetPicker(config, self.links, rng)
+        self.targets = TargetPicker(config, self.links, rng, self._wait_of)
         self._pools = {p.name: p for p in config.pools}
         self._priors: dict[str, Any] = {}
         self._wire_limits = WireLimits.for_frames_of(config.max_frame_bytes)
@@ -74,6 +75,14 @@ class ServerRegistry:
         """Told each task's result (the query path's, wired by GatewayService)."""
         self.on_failure: FailureCallback = _unwired
         self.on_dequeue: DequeueCallback = _unwired
+
+    def _wait_of(self, link: TaskLink) -> tuple[float, float]:
+        """(estimated wait of a task joining the back of its queue, mean service), in ms:
+        a least-wait pool's ranking of its servers."""
+        if not self.book.has_server(link.server_id):
+            return (math.inf, math.inf)
+        moments = partial(self.book.moments, link.server_id)
+        return (backlog_wait(link, moments).mean_ms, moments().mean_ms)
 
     def _prior(self, pool: PoolConfig) -> Any:
         prior = self._priors.get(pool.name)

@@ -1,6 +1,7 @@
 """Pool and cluster membership, and the pick of a query's k_f target servers.
 
-A query names explicit servers, or a pool with ``fanout`` k (k random servers), ``all``
+A query names explicit servers, or a pool with ``fanout`` k (k random servers, or in a pool
+with ``pick = "least-wait"`` the k with the smallest estimated queue wait), ``all``
 or ``per_cluster`` k (k random servers from each cluster); ``cluster`` narrows a pool pick
 to one cluster and ``exclude_cluster`` leaves one out. Random picks prefer live servers.
 """
@@ -8,7 +9,7 @@ to one cluster and ``exclude_cluster`` leaves one out. Random picks prefer live 
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from gateway.config import GatewayConfig
 from gateway.errors import BadRequest, Unavailable
@@ -20,9 +21,16 @@ class TargetPicker:
     """Which servers belong to which pool and cluster, and which ones a query gets."""
 
     def __init__(
-        self, config: GatewayConfig, links: Mapping[str, TaskLink], rng: random.Random
+        self,
+        config: GatewayConfig,
+        links: Mapping[str, TaskLink],
+        rng: random.Random,
+        wait_of: Callable[[TaskLink], tuple[float, float]] | None = None,
     ) -> None:
         self.config = config
+        self.wait_of = wait_of
+        """least-wait pools: a link's (estimated back-of-queue wait ms, mean service ms)."""
+        self._least_wait = {p.name for p in config.pools if p.pick == "least-wait"}
         self.links = links
         """Every registered server by id (the service's own dict, read live)."""
         self.rng = rng
@@ -90,7 +98,21 @@ class TargetPicker:
                 f"fanout {t.fanout} exceeds the {len(members)} servers of {scope}",
                 field="targets.fanout",
             )
+        if t.pool in self._least_wait and self.wait_of is not None:
+            return self._least(members, t.fanout)
         return self._sample(members, t.fanout)
+
+    def _least(self, members: list[str], k: int) -> list[TaskLink]:
+        """The k live servers with the smallest estimated wait (QLM's load balancing across
+        instances; ties to the faster server, then at random); down ones only if too few
+        are live, as in `_sample`."""
+        assert self.wait_of is not None
+        live = [s for s in members if self.links[s].is_up]
+        pool = live if len(live) >= k else members
+        order = self.rng.sample(pool, len(pool))  # the random tie-break
+        wait_of = self.wait_of
+        ranked = sorted(order, key=lambda s: wait_of(self.links[s]))
+        return [self.links[s] for s in ranked[:k]]
 
     def _sample(self, members: list[str], k: int) -> list[TaskLink]:
         """k random servers of members, live ones preferred."""

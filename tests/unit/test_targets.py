@@ -188,3 +188,29 @@ def test_per_cluster_on_a_pool_without_clusters_is_503() -> None:
     with pytest.raises(Unavailable) as err:
         pick(picker, {"pool": "default", "per_cluster": 1})
     assert err.value.code == "no_servers" and "no clusters" in err.value.message
+
+
+def test_a_least_wait_pool_picks_the_servers_with_the_smallest_estimated_wait() -> None:
+    config = GatewayConfig(pools=(PoolConfig(name="lw", pick="least-wait"),), max_fanout=16)
+    waits = {"a": (3.0, 1.0), "b": (0.0, 2.0), "c": (0.0, 1.0), "d": (1.0, 1.0), "e": (9.0, 1.0)}
+    links: dict[str, ServerLink] = {}
+    picker = TargetPicker(config, links, random.Random(7), lambda lk: waits[lk.server_id])
+    for sid in waits:
+        link = ServerLink(
+            sid, "127.0.0.1", 1, pool="lw", on_result=lambda *a: None,
+            on_failure=lambda *a: None,
+        )  # fmt: skip
+        link.state = "down" if sid == "c" else "up"
+        links[sid] = link
+        picker.join(link)
+    q = parse_query(
+        {"targets": {"pool": "lw", "fanout": 3}, "slo": {"latency_ms": 10, "percentile": 99}},
+        config,
+    )
+    # Idle first (the faster of two idle ones first), then the shortest backlog; a server
+    # that is down is left out while enough are up.
+    assert [lk.server_id for lk in picker.pick(q.targets)] == ["b", "d", "a"]
+    links["c"].state = "up"
+    assert [lk.server_id for lk in picker.pick(q.targets)] == ["c", "b", "d"]
+    with pytest.raises(ValueError, match="pick"):
+        PoolConfig(name="x", pick="fastest")
