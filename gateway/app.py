@@ -148,6 +148,11 @@ async def get_servers(request: web.Request) -> web.Response:
     return web.json_response({"servers": servers})
 
 
+async def get_groups(request: web.Request) -> web.Response:
+    """GET /v1/groups."""
+    return web.json_response({"groups": request.app[SERVICE_KEY].groups_view()})
+
+
 async def post_server(request: web.Request) -> web.Response:
     """POST /v1/servers: register (or refresh) a task server."""
     service = request.app[SERVICE_KEY]
@@ -263,6 +268,7 @@ ROUTES: list[tuple[str, str, Any]] = [
     ("GET", "/v1/servers", get_servers),
     ("POST", "/v1/servers", post_server),
     ("DELETE", "/v1/servers/{id}", delete_server),
+    ("GET", "/v1/groups", get_groups),
     ("GET", "/v1/classes", get_classes),
     ("GET", "/v1/admission", get_admission),
     ("GET", "/v1/autoscaler", get_autoscaler),

@@ -256,6 +256,19 @@ def openapi_document() -> dict[str, Any]:
                     "responses": {"200": {"description": "classes"}},
                 }
             },
+            "/v1/groups": {
+                "get": {
+                    "summary": "Request groups (QLM §4): queries by class, pool and cost bucket",
+                    "description": (
+                        "Per group: class, pool, cost_bucket [lo, hi) in ms of server time "
+                        "(k_f x x_p^u), queries admitted, arrival_rate (per s, over the last "
+                        "~10 s), mean_cost_ms, tasks_outstanding, mean_service_ms and "
+                        "estimated_drain_ms (its outstanding tasks' service over the pool's "
+                        "slots)."
+                    ),
+                    "responses": {"200": {"description": "groups"}},
+                }
+            },
             "/v1/admission": {
                 "get": {
                     "summary": "Admission control: miss-ratio window, thresholds, decisions",

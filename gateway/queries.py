@@ -113,6 +113,7 @@ class QueryRun:
         "expired",
         "failed",
         "fanout",
+        "group",
         "outcomes",
         "query_id",
         "remaining",
@@ -130,6 +131,8 @@ class QueryRun:
         self.t_last = t0
         """When the outcome that decided the query arrived."""
         self.outcomes: list[TaskOutcome | None] = [None] * fanout
+        self.group: tuple[str, str, int] | None = None
+        """Its request group (class, pool, cost bucket), QLM §4."""
         self.remaining = fanout
         self.failed = False
         self.expired = False

@@ -26,7 +26,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from admission import AdmissionGate, QueryInfo, WaitEstimate, meet_probability
-from admission.groups import RATE_WINDOW_SERVICES, ArrivalRates
+from admission.groups import RATE_WINDOW_SERVICES, ArrivalRates, RequestGroups
 from admission.waiting import (
     NO_WAIT,
     LogCdf,
@@ -56,6 +56,9 @@ from gateway.queries import (
 from gateway.requests import QueryRequest
 from gateway.server_registry import ServerRegistry
 from gateway.waits import NewTask, largest_mean_ms, link_wait
+
+GROUP_RATE_WINDOW_S = 10.0
+"""GET /v1/groups: a group's arrival rate is weighted over this many seconds."""
 
 if TYPE_CHECKING:
     from gateway.autoscaling import AutoscalerLoop
@@ -134,6 +137,8 @@ class QueryPath:
         self._idle.set()
         self._cut: set[str] = set()
         """Queries the drain bound ended before their own deadline."""
+        self.groups = RequestGroups(GROUP_RATE_WINDOW_S)
+        """Request groups (QLM §4): arrivals, cost and outstanding tasks (GET /v1/groups)."""
         self._group_rates: dict[str, ArrivalRates] = {}
         """Per server: each request group's task arrival rate (per second)."""
         self._group_keys: dict[tuple[str, int], tuple[float, float, int]] = {}
@@ -205,6 +210,9 @@ class QueryPath:
             waits = self.estimate_waits(links, new)
         qid = f"{self._id_prefix}-{next(self._ids)}"
         run = QueryRun(qid, len(links), t0)
+        cost_ms = len(links) * plan.unloaded_ms  # client-side-scheduling's cost prior
+        run.group = RequestGroups.key(cls, links[0].pool, max(cost_ms, 1e-6))
+        self.groups.admitted(run.group, cost_ms, len(links), t0)
         self._inflight[qid] = run
         self.metrics.inflight.inc()
         try:
@@ -373,6 +381,8 @@ class QueryPath:
                 run.outcomes[i] = TaskOutcome(link.server_id, status, error=reason)
                 self.metrics.task_done(link.pool, status)
                 cancelled[link.pool] = cancelled.get(link.pool, 0) + 1
+                if run.group is not None:
+                    self.groups.task_done(run.group, None)
         return cancelled
 
     def _answer(
@@ -539,6 +549,8 @@ class QueryPath:
             p.est_wait_ms,
         )
         p.run.complete(p.index, outcome, now)
+        if p.run.group is not None:
+            self.groups.task_done(p.run.group, r.service_ms if status == OK else None)
 
     def on_dequeue(self, link: TaskLink, p: PendingTask) -> None:
         """Central queueing: a task left this gateway's queue; its miss is known now."""
@@ -547,3 +559,5 @@ class QueryPath:
     def on_failure(self, link: TaskLink, p: PendingTask, status: str, reason: str) -> None:
         self.metrics.task_done(link.pool, status)
         p.run.complete(p.index, TaskOutcome(link.server_id, status, error=reason), self.clock())
+        if p.run.group is not None:
+            self.groups.task_done(p.run.group, None)

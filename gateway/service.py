@@ -190,6 +190,13 @@ class GatewayService:
         """A server as GET /v1/servers shows it."""
         return self.servers.server_view(link)
 
+    def groups_view(self) -> list[dict[str, Any]]:
+        """GET /v1/groups: every request group (QLM §4) with its statistics."""
+        slots: dict[str, int] = {}
+        for link in self.links.values():
+            slots[link.pool] = slots.get(link.pool, 0) + link.slots
+        return self.query.groups.snapshot(self.clock(), slots)
+
     # -- queries -----------------------------------------------------------------------
 
     def resolve(self, req: QueryRequest) -> list[TaskLink]:

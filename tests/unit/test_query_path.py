@@ -347,3 +347,24 @@ async def test_a_wait_estimate_adds_the_tighter_groups_that_will_overtake() -> N
     _answer_all(links[0], clock)
     for t in started:
         await t
+
+
+async def test_request_groups_count_arrivals_cost_and_outstanding_tasks() -> None:
+    svc, clock, links = await _service(3)
+    started = [await _started(svc, _query(1)), await _started(svc, _query(3))]
+    started.append(await _started(svc, _query(3)))
+    groups = {(g["class"], g["queries"]): g for g in svc.groups_view()}
+    # Two cost buckets of class B in pool default: one fanout-1 query, two fanout-3 ones.
+    assert set(groups) == {("B", 1), ("B", 2)}
+    wide = groups[("B", 2)]
+    assert wide["pool"] == "default" and wide["tasks_outstanding"] == 6
+    lo, hi = wide["cost_bucket"]
+    assert lo <= wide["mean_cost_ms"] < hi and wide["arrival_rate"] > 0
+    for link in links:
+        _answer_all(link, clock)
+    for t in started:
+        await t
+    after = {(g["class"], g["queries"]): g for g in svc.groups_view()}
+    assert after[("B", 2)]["tasks_outstanding"] == 0
+    assert after[("B", 2)]["mean_service_ms"] == pytest.approx(5.0)  # the fake reports 5 ms
+    assert after[("B", 2)]["estimated_drain_ms"] == 0.0
