@@ -281,7 +281,13 @@ class QueryPath:
         if self.gate.clearly_admitted():
             return None
         info = QueryInfo(
-            cls, req.priority, len(links), req.slo_ms, plan.unloaded_ms, percentile=req.percentile
+            cls,
+            req.priority,
+            len(links),
+            req.slo_ms,
+            plan.unloaded_ms,
+            percentile=req.percentile,
+            cost_hint_ms=req.cost_hint_ms,
         )
         if not self.gate.needs_wait:
             await admit(self.gate, info, self._queue_pressure)

@@ -164,6 +164,13 @@ QUERY_BODY = Body(
         ),
         Field("targets", "object", required=True, ref="Targets"),
         Field("task", "", description="task payload handed to every task's executor"),
+        Field(
+            "cost_hint",
+            "number",
+            exclusive_minimum=0,
+            description="the client's own estimate of the query's cost in ms of server time; "
+            "the cost ladder buckets it instead of k_f x x_p^u",
+        ),
     ),
     "Give a class or an slo (not both; neither: the default class).",
 )
@@ -216,6 +223,8 @@ class QueryRequest:
     priority: int
     targets: Targets
     payload: bytes
+    cost_hint_ms: float | None = None
+    """The client's cost estimate (ms of server time), for the cost ladder's buckets."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,7 +295,10 @@ def parse_query(body: Any, config: GatewayConfig) -> QueryRequest:
         payload = json.dumps(task, separators=(",", ":"), allow_nan=False).encode()
     except ValueError as exc:
         raise BadRequest(f"not encodable as JSON: {exc}", field="task") from exc
-    return QueryRequest(cls_name, percentile, slo_ms, priority, targets, payload)
+    cost_hint = None
+    if "cost_hint" in body:
+        cost_hint = float(QUERY_BODY["cost_hint"].check(body["cost_hint"], "cost_hint"))
+    return QueryRequest(cls_name, percentile, slo_ms, priority, targets, payload, cost_hint)
 
 
 def _parse_slo(slo: Any) -> tuple[float, float]:

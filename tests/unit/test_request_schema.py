@@ -114,3 +114,17 @@ def test_the_valid_bodies_are_valid_and_the_document_uses_the_definitions() -> N
     assert schemas["Query"] == QUERY_BODY.schema()
     assert schemas["Register"] == REGISTER_BODY.schema()
     jsonschema.Draft202012Validator.check_schema(schemas["Query"])
+
+
+def test_a_cost_hint_reaches_the_request_and_a_bad_one_names_the_field() -> None:
+    config = GatewayConfig()
+    body = {
+        "slo": {"latency_ms": 10, "percentile": 99},
+        "targets": {"pool": "default", "fanout": 1},
+    }
+    assert parse_query(body, config).cost_hint_ms is None
+    assert parse_query({**body, "cost_hint": 3.5}, config).cost_hint_ms == 3.5
+    for bad in (0, -1.0, "big", True):
+        with pytest.raises(BadRequest) as err:
+            parse_query({**body, "cost_hint": bad}, config)
+        assert err.value.field == "cost_hint"
