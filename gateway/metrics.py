@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -199,6 +199,7 @@ class _GatewayCollector(Collector):
         yield depth
         yield post_queuing
         yield est_wait
+        yield from _group_metrics(view.groups_view())
         deferred = CounterMetricFamily(
             "tailgate_queries_deferred",
             "Admission DEFER decisions, by class and reason (a query held twice counts twice).",
@@ -225,6 +226,42 @@ class _GatewayCollector(Collector):
                 decisions.add_metric([pool, action], n)
         yield replicas
         yield decisions
+
+
+def _group_metrics(groups: list[dict[str, Any]]) -> Iterable[Metric]:
+    """Request groups (QLM §4), as GET /v1/groups shows them."""
+    labels = ["class", "pool", "cost_bucket"]
+    queries = CounterMetricFamily(
+        "tailgate_group_queries",
+        "Queries admitted, by request group (class, pool, cost bucket in ms of server time).",
+        labels=labels,
+    )
+    rate = GaugeMetricFamily(
+        "tailgate_group_arrival_rate",
+        "A request group's query arrival rate over the last ~10 s (per second).",
+        labels=labels,
+    )
+    outstanding = GaugeMetricFamily(
+        "tailgate_group_tasks_outstanding",
+        "A request group's tasks dispatched and not yet ended.",
+        labels=labels,
+    )
+    drain = GaugeMetricFamily(
+        "tailgate_group_estimated_drain_seconds",
+        "A request group's outstanding tasks' mean service over its pool's slots.",
+        labels=labels,
+    )
+    for g in groups:
+        lo, hi = g["cost_bucket"]
+        key = [str(g["class"]), str(g["pool"]), f"{lo:g}-{hi:g}"]
+        queries.add_metric(key, g["queries"])
+        rate.add_metric(key, g["arrival_rate"])
+        outstanding.add_metric(key, g["tasks_outstanding"])
+        drain.add_metric(key, g["estimated_drain_ms"] / 1000.0)
+    yield queries
+    yield rate
+    yield outstanding
+    yield drain
 
 
 class GatewayMetrics:

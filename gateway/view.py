@@ -103,3 +103,7 @@ class GatewayView(Protocol):
     def server_view(self, link: TaskLink) -> dict[str, Any]:
         """One server as GET /v1/servers shows it."""
         ...
+
+    def groups_view(self) -> list[dict[str, Any]]:
+        """The request groups as GET /v1/groups shows them."""
+        ...

@@ -62,6 +62,7 @@ def make_view(clock: list[float], **changes: Any) -> SimpleNamespace:
         gate=SimpleNamespace(controller=SimpleNamespace(deferred=Counter())),
         autoscaler=None,
         clock=lambda: clock[0],
+        groups_view=lambda: [],
     )
     for k, v in changes.items():
         setattr(view, k, v)
@@ -197,6 +198,22 @@ def test_queue_depth_post_queuing_quantiles_and_deferrals_are_read_at_scrape() -
     assert value("tailgate_server_estimated_wait_seconds", labels) == 0.0
     deferred = {"class": "C", "reason": "cost_ladder_defer"}
     assert value("tailgate_queries_deferred_total", deferred) == 2.0
+
+
+def test_request_groups_are_read_at_scrape() -> None:
+    group = {
+        "class": "A", "pool": "default", "cost_bucket": [16.0, 32.0], "queries": 7,
+        "arrival_rate": 2.5, "mean_cost_ms": 20.0, "tasks_outstanding": 3,
+        "mean_service_ms": 1.0, "estimated_drain_ms": 1.5,
+    }  # fmt: skip
+    view = make_view([0.0], groups_view=lambda: [group])
+    _, registry = make_metrics(view)
+    labels = {"class": "A", "pool": "default", "cost_bucket": "16-32"}
+    value = registry.get_sample_value
+    assert value("tailgate_group_queries_total", labels) == 7.0
+    assert value("tailgate_group_arrival_rate", labels) == 2.5
+    assert value("tailgate_group_tasks_outstanding", labels) == 3.0
+    assert value("tailgate_group_estimated_drain_seconds", labels) == 0.0015
 
 
 def test_autoscaler_replicas_and_decisions_appear_with_an_autoscaler() -> None:
