@@ -22,7 +22,7 @@ from loadtests.sim.experiments import _tick
 from loadtests.sim.report import report
 from taskserver.queues import QueuePolicy
 
-__all__ = ["calibrate", "count_window_s", "pm", "rule_scenario", "run_row"]
+__all__ = ["calibrate", "calibrate_seeds", "count_window_s", "pm", "rule_scenario", "run_row"]
 
 
 def run_row(scn: Any, load: float, rule: str) -> dict[str, Any]:
@@ -78,6 +78,23 @@ def calibrate(job: int, scn: Any, tol: float) -> tuple[float, float]:
     res = simulate(bare, m.max_load) if m.max_load > 0 else None
     _tick(job)
     return m.max_load, (res.miss_ratio if res is not None else math.nan)
+
+
+def calibrate_seeds(
+    st: Any, seeded: list[Any], name: str, *, need_load: bool = True
+) -> list[tuple[float, float]]:
+    """`calibrate` on every seed in the experiment's worker pool; with `need_load`, a seed
+    on which no load met the SLOs is refused with what to do about it."""
+    pool = st.pool(f"{name}: max load without admission and R_cth^U")
+    for s in seeded:
+        pool.add(calibrate, (s, st.tol), ex._bisection_runs(ex.HIGH - ex.LOW, st.tol) + 1)
+    calib: list[tuple[float, float]] = pool.run()
+    if need_load and any(m <= 0 for m, _ in calib):
+        raise ValueError(
+            f"{name}: no load met the SLOs without admission on some seed "
+            f"(max loads {[round(m, 3) for m, _ in calib]}): run more queries (--queries)"
+        )
+    return calib
 
 
 def pm(values: list[float], fmt: str = ".3f") -> str:

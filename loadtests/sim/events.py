@@ -250,10 +250,14 @@ def run_with_feedback(
             if staged and events and events[0][0] < t:
                 t = events[0][0]
 
-    def settle(s: int, srv: _Server, a: float) -> None:
-        """This server's dequeues up to time a (before a task joins its queue)."""
+    def settle(s: int, srv: _Server, a: float) -> bool:
+        """This server's dequeues up to time a (before a task joins its queue); whether it
+        dequeued any (its pending entry is then stale)."""
+        popped = False
         while srv.queued and srv.free[0] <= a:
             pop_one(s, srv)
+            popped = True
+        return popped
 
     def estimate(q: int, a: float) -> tuple[list[int], list[WaitEstimate]]:
         """Each target's queue wait for a task of query q joining at time a (QLM §6)."""
@@ -266,8 +270,8 @@ def run_with_feedback(
         for gid in range(int(w.offsets[q]), int(w.offsets[q + 1])):
             s = int(w.task_server[gid])
             srv = servers[s]
-            settle(s, srv, a)
-            schedule(s, srv)
+            if settle(s, srv, a):
+                schedule(s, srv)
             busy = sum(1 for f in srv.free if f > a)
             probe = QueuedTask(
                 "", gid, float(deadline[gid]), float(slo_deadline[gid]), int(task_prio[gid]), a
@@ -297,8 +301,8 @@ def run_with_feedback(
         """The wait of a task joining server s at time a behind everything queued there."""
         assert waits is not None
         srv = servers[s]
-        settle(s, srv, a)
-        schedule(s, srv)
+        if settle(s, srv, a):
+            schedule(s, srv)
         m = waits.moments[s]
         busy = sum(1 for f in srv.free if f > a)
         return estimate_wait([(srv.queued, m)], busy, scn.servers.slots, m)

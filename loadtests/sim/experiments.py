@@ -209,6 +209,19 @@ def _runner(job: int) -> Callable[[Scenario, float, str], SimResult]:
     return run
 
 
+def max_load_job(job: int, scn: Scenario, policy: str, tol: float) -> dict[str, Any]:
+    """One bisection of a scenario's max load as a worker job: the max load, its bracket,
+    the utilisation of the run at it and the first unjudged probe's warning."""
+    m = find_max_load(scn, policy, lo=LOW, hi=HIGH, tol=tol, run=_runner(job))
+    at = m.at_max
+    return {
+        "max_load": m.max_load,
+        "bracket": list(m.bracket),
+        "utilisation": at.result.utilisation if at is not None and m.max_load > 0 else math.nan,
+        "unjudged": m.unjudged[0][1] if m.unjudged else "",
+    }
+
+
 def _search(job: int, scn: Scenario, policy: str, tol: float) -> Search:
     """Bisect the max load of one policy over [LOW, HIGH]."""
     m = find_max_load(scn, policy, lo=LOW, hi=HIGH, tol=tol, run=_runner(job))

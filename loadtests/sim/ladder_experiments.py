@@ -20,8 +20,7 @@ from typing import Any
 import numpy as np
 
 from admission import Rule
-from loadtests.sim import experiments as ex
-from loadtests.sim.admission_runs import calibrate, pm
+from loadtests.sim.admission_runs import calibrate_seeds, pm
 from loadtests.sim.engine import simulate
 from loadtests.sim.experiments import Experiment, _tick
 from loadtests.sim.output import md_table, write_csv
@@ -98,15 +97,7 @@ def information_ladder(st: Any, base: Any) -> list[str]:
     """Short-query p95 and goodput by level of cost information, under overload."""
     scn = st.scenario(base, "masstree")
     seeded = st.seeded(scn)
-    pool = st.pool("information-ladder: max load without admission and R_cth^U")
-    for s in seeded:
-        pool.add(calibrate, (s, st.tol), ex._bisection_runs(ex.HIGH - ex.LOW, st.tol) + 1)
-    calib = pool.run()
-    if any(m <= 0 for m, _ in calib):
-        raise ValueError(
-            "information-ladder: no load met the SLOs without admission on some seed "
-            f"(max loads {[round(m, 3) for m, _ in calib]}): run more queries (--queries)"
-        )
+    calib = calibrate_seeds(st, seeded, "information-ladder")
     pool = st.pool("information-ladder: offered-load sweeps")
     for s, (m, thr) in zip(seeded, calib, strict=True):
         loads = tuple(round(k * m, 4) for k in MULTIPLES)

@@ -29,8 +29,13 @@ from typing import Any
 import numpy as np
 
 from admission import Rule
-from loadtests.sim import experiments as ex
-from loadtests.sim.admission_runs import calibrate, count_window_s, pm, rule_scenario, run_row
+from loadtests.sim.admission_runs import (
+    calibrate_seeds,
+    count_window_s,
+    pm,
+    rule_scenario,
+    run_row,
+)
 from loadtests.sim.engine import SimResult, simulate
 from loadtests.sim.experiments import Experiment, _tick
 from loadtests.sim.output import md_table, write_csv
@@ -176,10 +181,7 @@ def admission(st: Any, base: Any) -> list[str]:
 
     scn = st.scenario(base, "masstree")
     seeded = st.seeded(scn)
-    pool = st.pool("admission: max load without admission and R_cth^U")
-    for s in seeded:
-        pool.add(calibrate, (s, st.tol), ex._bisection_runs(ex.HIGH - ex.LOW, st.tol) + 1)
-    calib = pool.run()
+    calib = calibrate_seeds(st, seeded, "admission", need_load=False)
     windows = [
         count_window_s(s, m) if m > 0 else 0.1 for s, (m, _) in zip(seeded, calib, strict=True)
     ]

@@ -30,7 +30,13 @@ import numpy as np
 
 from admission import AdmissionConfig, AdmissionPolicy, Rule
 from loadtests.sim import experiments as ex
-from loadtests.sim.admission_runs import calibrate, count_window_s, pm, rule_scenario, run_row
+from loadtests.sim.admission_runs import (
+    calibrate_seeds,
+    count_window_s,
+    pm,
+    rule_scenario,
+    run_row,
+)
 from loadtests.sim.engine import build_book, query_budgets
 from loadtests.sim.events import run_with_feedback
 from loadtests.sim.experiments import Experiment, _tick
@@ -341,15 +347,7 @@ def predictive_admission(st: Any, base: Any) -> list[str]:
 
     scn = st.scenario(base, "masstree")
     seeded = st.seeded(scn)
-    pool = st.pool("predictive-admission: max load without admission and R_cth^U")
-    for s in seeded:
-        pool.add(calibrate, (s, st.tol), ex._bisection_runs(ex.HIGH - ex.LOW, st.tol) + 1)
-    calib = pool.run()
-    if any(m <= 0 for m, _ in calib):
-        raise ValueError(
-            "predictive-admission: no load met both SLOs without admission on some seed "
-            f"(max loads {[round(m, 3) for m, _ in calib]}): run more queries (--queries)"
-        )
+    calib = calibrate_seeds(st, seeded, "predictive-admission")
     windows = [count_window_s(s, m) for s, (m, _) in zip(seeded, calib, strict=True)]
     pool = st.pool("predictive-admission: offered-load sweeps")
     for s, (m, thr), win in zip(seeded, calib, windows, strict=True):
@@ -482,29 +480,6 @@ PICKS = ("random", "least-wait")
 PICK_POLICIES = ("fifo", "tf-edfq")
 
 
-def _pick_search(job: int, scn: Any, pick: str, policy: str, tol: float) -> dict[str, Any]:
-    """One bisection of the max load with this target choice and queue policy."""
-    from loadtests.sim.maxload import find_max_load
-
-    s = replace(scn, run=replace(scn.run, pick=pick))
-    m = find_max_load(s, policy, lo=ex.LOW, hi=ex.HIGH, tol=tol, run=ex._runner(job))
-    at = m.at_max
-    util = math.nan
-    if m.max_load > 0:
-        from loadtests.sim.engine import simulate
-
-        util = simulate(s, m.max_load, policy=policy).utilisation
-    return {
-        "pick": pick,
-        "policy": policy,
-        "max_load": m.max_load,
-        "bracket": list(m.bracket),
-        "utilisation": util,
-        "p99_ms": {n: c.latency_ms for n, c in at.classes.items()} if at is not None else {},
-        "unjudged": m.unjudged[0][1] if m.unjudged else "",
-    }
-
-
 def least_wait(st: Any, base: Any) -> list[str]:
     """Max load at the SLO with random and least-wait choice of a query's servers."""
     scn = st.scenario(base, "masstree")
@@ -514,8 +489,8 @@ def least_wait(st: Any, base: Any) -> list[str]:
         for policy in PICK_POLICIES:
             for pick in PICKS:
                 pool.add(
-                    _pick_search,
-                    (s, pick, policy, st.tol),
+                    ex.max_load_job,
+                    (replace(s, run=replace(s.run, pick=pick)), policy, st.tol),
                     ex._bisection_runs(ex.HIGH - ex.LOW, st.tol) + 1,
                 )
                 keys.append((s.run.seed, policy, pick))

@@ -24,21 +24,6 @@ __all__ = ["EXPERIMENTS"]
 POLICIES = ("fifo", "tf-edfq")
 
 
-def _rule_search(job: int, scn: Any, rule: str, policy: str, tol: float) -> dict[str, Any]:
-    """One bisection of the max load with this stage rule and queue policy."""
-    from loadtests.sim.maxload import find_max_load
-
-    s = replace(scn, requests=replace(scn.requests, rule=rule))
-    m = find_max_load(s, policy, lo=ex.LOW, hi=ex.HIGH, tol=tol, run=ex._runner(job))
-    return {
-        "rule": rule,
-        "policy": policy,
-        "max_load": m.max_load,
-        "bracket": list(m.bracket),
-        "unjudged": m.unjudged[0][1] if m.unjudged else "",
-    }
-
-
 def multi_query(st: Any, base: Any) -> list[str]:
     """Max load of multi-query requests under each rule for sharing their SLO."""
     scn = st.scenario(base, "masstree")
@@ -48,7 +33,8 @@ def multi_query(st: Any, base: Any) -> list[str]:
         for policy in POLICIES:
             for rule in STAGE_RULES:
                 runs = ex._bisection_runs(ex.HIGH - ex.LOW, st.tol)
-                pool.add(_rule_search, (s, rule, policy, st.tol), runs)
+                staged = replace(s, requests=replace(s.requests, rule=rule))
+                pool.add(ex.max_load_job, (staged, policy, st.tol), runs)
                 keys.append((s.run.seed, policy, rule))
     out = pool.run()
     rows, csv_rows = [], []
