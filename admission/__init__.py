@@ -6,7 +6,7 @@ thread or env read):
 - `gate`: `AdmissionGate`, everything that decides admit / reject / defer for a query (the
   window, the window-age reset, the tails, the fast path and the controller); the gateway
   and the simulator call it the same way.
-- `config`: `AdmissionConfig`, the [admission] table.
+- `config`: `AdmissionConfig`, the [admission] table; `AllocationConfig`, [allocation].
 - `decisions`: `Rule` (the config enum), `Signal`, `QueryInfo`, `Pressure`, `Decision`.
 - `rules`: one class per rule (TailGuard's reject-all on R_cth^U, lowest-class-first,
   largest-fanout-first, the throttle, client-side-scheduling's cost ladder), built by
@@ -47,7 +47,7 @@ from admission.autoscale import (
     ThresholdAutoscaler,
     vertical_step,
 )
-from admission.config import AdmissionConfig, AdmissionPolicy
+from admission.config import AdmissionConfig, AdmissionPolicy, AllocationConfig
 from admission.controller import AdmissionController
 from admission.decisions import Action, Decision, Pressure, QueryInfo, Rule, Signal
 from admission.errors import AdmissionError, PolicyValueError
@@ -83,6 +83,7 @@ __all__ = [
     "AdmissionGate",
     "AdmissionPolicy",
     "AdmissionRule",
+    "AllocationConfig",
     "BackendEstimate",
     "CostLadder",
     "Decision",

@@ -1,4 +1,5 @@
-"""The [admission] table: admission control on the task deadline-miss ratio (TailGuard §III.D).
+"""The [admission] table: admission control on the task deadline-miss ratio (TailGuard §III.D);
+and the [allocation] table: the fair share between tenants (client-side-scheduling §3.1).
 
 Owned here, beside the gate it configures; the gateway's config and the simulator's scenarios
 both embed it.
@@ -6,12 +7,23 @@ both embed it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from enum import StrEnum
 
+from admission.allocation import (
+    ALLOCATION_POLICIES,
+    AdmissionShare,
+    Congestion,
+    DrrArbiter,
+    FairArbiter,
+)
 from admission.decisions import Rule
 
-__all__ = ["AdmissionConfig", "AdmissionPolicy"]
+__all__ = ["SHARE_MODES", "AdmissionConfig", "AdmissionPolicy", "AllocationConfig"]
+
+SHARE_MODES = ("windows", "transfer", "none")
+"""[allocation] share: how admission is shared between flows under overload."""
 
 
 class AdmissionPolicy(StrEnum):
@@ -119,3 +131,97 @@ class AdmissionConfig:
     def effective_rule(self) -> Rule:
         """The rule in force: `none` when the policy is off."""
         return self.rule if self.enabled else Rule.NONE
+
+
+@dataclass(frozen=True, slots=True)
+class AllocationConfig:
+    """The allocation layer ([allocation]; client-side-scheduling §3.1): fair share of the
+    pools between tenants (or classes), in cost units (admission.allocation)."""
+
+    policy: str = "none"
+    """none, drr (deficit round robin) or fair (start-time fair queueing)."""
+    flows: str = "tenant"
+    """What a flow is: tenant (the query's `tenant` field) or class."""
+    weights: dict[str, float] = field(default_factory=dict)
+    """Weight per flow name; long-run shares of cost are in proportion."""
+    default_weight: float = 1.0
+    """The weight of a flow not in `weights`."""
+    quantum_ms: float = 0.0
+    """drr: cost units (ms of server time) a flow's deficit grows by per visit and weight;
+    0: the largest task cost seen so far (DRR's own condition, one task per visit at least)."""
+    order: str = "deadline"
+    """drr: which flow, of those whose deficit covers their head task, releases first:
+    deadline (the most urgent head in the queue policy's order) or round (classic DRR's
+    round robin)."""
+    protected: tuple[str, ...] = ()
+    """drr: flows whose weight grows by 1 + boost * congestion under load (the paper's
+    congestion-aware adjustment)."""
+    boost: float = 1.0
+    """drr: how much the protected flows' weights grow at full congestion."""
+    share: str = "windows"
+    """How admission is shared under overload: windows (each flow is admitted on the miss
+    ratio of its own tasks: a gate per flow), transfer (the pool's gate, whose refusals on
+    the pool-wide signal move to the flows served most per weight:
+    admission.allocation.AdmissionShare) or none (the pool's gate alone)."""
+    max_flows: int = 256
+    """Distinct flows kept apart; the queries of any tenant beyond them share one flow,
+    "other" (so clients cannot grow the gateway's state or its metrics without bound)."""
+    share_window_s: float = 10.0
+    """How long admitted cost counts toward a flow's share (exponential time constant)."""
+
+    def __post_init__(self) -> None:
+        if self.policy not in ALLOCATION_POLICIES:
+            raise ValueError(
+                f"policy: must be one of {', '.join(ALLOCATION_POLICIES)}, got {self.policy!r}"
+            )
+        if self.flows not in ("tenant", "class"):
+            raise ValueError(f"flows: must be 'tenant' or 'class', got {self.flows!r}")
+        for name, w in self.weights.items():
+            if not (w > 0 and math.isfinite(w)):
+                raise ValueError(f"weights.{name}: must be > 0, got {w!r}")
+        if not (self.quantum_ms >= 0 and math.isfinite(self.quantum_ms)):
+            raise ValueError(f"quantum_ms: must be >= 0 (0: automatic), got {self.quantum_ms!r}")
+        for key in ("default_weight", "share_window_s"):
+            v = getattr(self, key)
+            if not (v > 0 and math.isfinite(v)):
+                raise ValueError(f"{key}: must be > 0, got {v!r}")
+        if isinstance(self.max_flows, bool) or not 1 <= self.max_flows <= 100_000:
+            raise ValueError(f"max_flows: must be 1..100000, got {self.max_flows!r}")
+        if self.order not in ("deadline", "round"):
+            raise ValueError(f"order: must be 'deadline' or 'round', got {self.order!r}")
+        if self.share not in SHARE_MODES:
+            raise ValueError(f"share: must be one of {', '.join(SHARE_MODES)}, got {self.share!r}")
+        if not (self.boost >= 0 and math.isfinite(self.boost)):
+            raise ValueError(f"boost: must be >= 0, got {self.boost!r}")
+
+    @property
+    def enabled(self) -> bool:
+        """Whether work is released by share at all."""
+        return self.policy != "none"
+
+    def arbiter(self, congestion: Congestion | None = None) -> DrrArbiter | FairArbiter:
+        """A fresh arbiter of this policy (one per queue that releases work)."""
+        if self.policy == "fair":
+            return FairArbiter(self.weights, default_weight=self.default_weight)
+        if self.policy != "drr":
+            raise ValueError("allocation policy 'none' has no arbiter")
+        return DrrArbiter(
+            self.weights,
+            quantum=self.quantum_ms or None,
+            protected=frozenset(self.protected),
+            boost=self.boost,
+            default_weight=self.default_weight,
+            congestion=congestion,
+            urgent=self.order == "deadline",
+        )
+
+    @property
+    def gate_per_flow(self) -> bool:
+        """Whether each flow has an admission gate of its own (share = windows)."""
+        return self.enabled and self.share == "windows"
+
+    def admission_share(self) -> AdmissionShare | None:
+        """The transfer share, when in force (None: the gates alone decide)."""
+        if not (self.enabled and self.share == "transfer"):
+            return None
+        return AdmissionShare(self.weights, self.share_window_s, self.default_weight)

@@ -78,7 +78,7 @@ def parse_config(
     data: Mapping[str, Any], source: str = "", env: Mapping[str, str] | None = None
 ) -> TailgateConfig:
     """Build the config from an already-parsed TOML document (and the token from ``env``)."""
-    known = {"gateway", "classes", "pools", "taskserver", "admission", "autoscaling"}
+    known = {"gateway", "classes", "pools", "taskserver", "admission", "autoscaling", "allocation"}
     base = Path(source).parent if source else None
     try:
         for key in data:
@@ -93,7 +93,7 @@ def parse_config(
         ts = dict(ts)
         _token_from_file(gw, "gateway", base)
         _token_from_file(ts, "taskserver", base)
-        for section in ("classes", "pools", "admission", "autoscaling"):
+        for section in ("classes", "pools", "admission", "autoscaling", "allocation"):
             if section in data:
                 if section in gw:
                     raise ConfigError(
@@ -171,7 +171,7 @@ def _build_top(cls: type, table: Any, name: str) -> Any:
     except ConfigError as exc:
         # Classes and pools live at the top level of the file: name them as written there.
         key = exc.key
-        for section in ("classes", "pools", "admission", "autoscaling"):
+        for section in ("classes", "pools", "admission", "autoscaling", "allocation"):
             key = key.replace(f"gateway.{section}", section)
         raise ConfigError(key, exc.message) from None
 

@@ -5,6 +5,9 @@ peaks-over-threshold tail, x_p^u and t_D); ``requests`` validates bodies;
 ``links`` holds one Thrift connection per task server; ``service`` is the
 query path; ``app`` is the aiohttp shell; ``config`` the typed settings;
 ``waits`` the queue-wait estimates per server link (QLM §6);
+``request_path`` runs multi-query requests stage by stage (``stages``: their SLOs);
+``tenants``/``allocation``/``deferral`` the allocation layer (fair share between
+tenants in central queues, admission and deferrals);
 ``metrics`` the Prometheus metrics; ``history`` the sampled time series and its
 store; ``dashboard`` the built-in page (its files in ``static/``).
 """

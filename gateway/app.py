@@ -7,6 +7,7 @@ import hmac
 import json
 import logging
 import math
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -18,13 +19,15 @@ from gateway import dashboard
 from gateway.errors import ApiError, BadRequest, NotFound, PayloadTooLarge, Unauthorized
 from gateway.openapi import openapi_document
 from gateway.queries import QueryOutcome
-from gateway.requests import parse_query, parse_register
+from gateway.request_path import RequestPath
+from gateway.requests import parse_multi_query, parse_query, parse_register
 from gateway.service import GatewayService
 from taskserver import jsonbody
 
 log = logging.getLogger(__name__)
 
 SERVICE_KEY: web.AppKey[GatewayService] = web.AppKey("service", GatewayService)
+REQUESTS_KEY: web.AppKey[RequestPath] = web.AppKey("requests", RequestPath)
 
 
 QUERY_STATUS = {
@@ -141,6 +144,21 @@ async def post_query(request: web.Request) -> web.Response:
     return web.json_response(answer.body, status=status, headers=headers)
 
 
+async def post_request(request: web.Request) -> web.Response:
+    """POST /v1/requests: run M queries one after another under one SLO (TailGuard eq. (5)).
+
+    Each stage is a query of its own, admitted, answered and counted as one; its status is
+    the request's when it ends the request (QUERY_STATUS), and every answer lists the stages
+    run so far.
+    """
+    service = request.app[SERVICE_KEY]
+    t0 = service.clock()
+    req = parse_multi_query(await _json_body(request), service.config)
+    answer = await request.app[REQUESTS_KEY].run(req, t0)
+    headers = _retry_after(request) if answer.outcome.may_retry else None
+    return web.json_response(answer.body, status=QUERY_STATUS[answer.outcome], headers=headers)
+
+
 async def get_servers(request: web.Request) -> web.Response:
     """GET /v1/servers."""
     service = request.app[SERVICE_KEY]
@@ -151,6 +169,11 @@ async def get_servers(request: web.Request) -> web.Response:
 async def get_groups(request: web.Request) -> web.Response:
     """GET /v1/groups."""
     return web.json_response({"groups": request.app[SERVICE_KEY].groups_view()})
+
+
+async def get_tenants(request: web.Request) -> web.Response:
+    """GET /v1/tenants."""
+    return web.json_response(request.app[SERVICE_KEY].tenants_view())
 
 
 async def post_server(request: web.Request) -> web.Response:
@@ -265,10 +288,12 @@ async def openapi(request: web.Request) -> web.Response:
 
 ROUTES: list[tuple[str, str, Any]] = [
     ("POST", "/v1/queries", post_query),
+    ("POST", "/v1/requests", post_request),
     ("GET", "/v1/servers", get_servers),
     ("POST", "/v1/servers", post_server),
     ("DELETE", "/v1/servers/{id}", delete_server),
     ("GET", "/v1/groups", get_groups),
+    ("GET", "/v1/tenants", get_tenants),
     ("GET", "/v1/classes", get_classes),
     ("GET", "/v1/admission", get_admission),
     ("GET", "/v1/autoscaler", get_autoscaler),
@@ -287,6 +312,7 @@ def create_app(service: GatewayService) -> web.Application:
         middlewares=[_close_when_draining, _errors], client_max_size=service.config.max_body_bytes
     )
     app[SERVICE_KEY] = service
+    app[REQUESTS_KEY] = RequestPath(service, f"req-{uuid.uuid4().hex[:8]}")
     for method, path, handler in ROUTES:
         app.router.add_route(method, path, handler)
 

@@ -3,13 +3,17 @@
 The gateway holds each server's tasks in that server's queue discipline and hands one over
 only when the server has a free slot; a task's deadline outcome is decided here, at the
 dequeue. `CentralQueue` is that pump, on its own: the link (`gateway.links.ServerLink`)
-pushes tasks, sends what `ready` yields, and tells it when a slot frees (`done`).
+pushes tasks, sends what `ready` yields, and tells it when a slot frees (`done`). Given an
+allocation arbiter (``[allocation]``), the queue is shared between flows (tenants or classes)
+by it (gateway.allocation): the arbiter picks the flow, the policy the task within it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
+from admission.allocation import DrrArbiter, FairArbiter
+from gateway.allocation import AllocatedQueue
 from gateway.queries import PendingTask
 from taskserver.queues import QueuedTask, QueuePolicy, create_task_queue
 
@@ -21,8 +25,12 @@ class CentralQueue:
 
     __slots__ = ("inflight", "queue", "slots")
 
-    def __init__(self, policy: QueuePolicy, slots: int) -> None:
-        self.queue = create_task_queue(policy)
+    def __init__(
+        self, policy: QueuePolicy, slots: int, arbiter: DrrArbiter | FairArbiter | None = None
+    ) -> None:
+        self.queue = (
+            create_task_queue(policy) if arbiter is None else AllocatedQueue(policy, arbiter)
+        )
         self.slots = slots
         self.inflight = 0
         """Tasks handed to the server and not yet back."""
@@ -42,6 +50,8 @@ class CentralQueue:
                 priority=p.priority,
                 arrival_s=now,
                 item=p,
+                flow=p.flow,
+                cost=p.cost,
             )
         )
 
@@ -59,10 +69,16 @@ class CentralQueue:
             yield p
 
     def count_ahead(
-        self, deadline_s: float, slo_deadline_s: float, priority: int, now: float
+        self,
+        deadline_s: float,
+        slo_deadline_s: float,
+        priority: int,
+        now: float,
+        flow: str = "",
+        cost: float = 1.0,
     ) -> int:
         """Queued tasks the queue would send before a task with these keys pushed now."""
-        probe = QueuedTask("", 0, deadline_s, slo_deadline_s, priority, now)
+        probe = QueuedTask("", 0, deadline_s, slo_deadline_s, priority, now, None, flow, cost)
         return len(self.queue.ahead_of(probe))
 
     def done(self) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from admission.config import AdmissionConfig
+from admission.config import AdmissionConfig, AllocationConfig
 from taskserver.queues import QueuePolicy
 from taskserver.registration import check_cluster_name, check_token
 from taskserver.service_time import ServiceSpec
@@ -247,6 +247,8 @@ class GatewayConfig:
     """Admission control ([admission] in tailgate.toml)."""
     autoscaling: AutoscalingConfig = field(default_factory=AutoscalingConfig)
     """Autoscaling ([autoscaling] in tailgate.toml)."""
+    allocation: AllocationConfig = field(default_factory=AllocationConfig)
+    """Fair share between tenants or classes ([allocation] in tailgate.toml)."""
     token: str | None = field(default=None, repr=False)
     """Registration token: POST and DELETE on /v1/servers need `Authorization: Bearer <token>`
     (None: registration is open). Give it as $TAILGATE_AGENT_TOKEN or in a token file."""

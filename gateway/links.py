@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from admission.allocation import DrrArbiter, FairArbiter
 from gateway.central import CentralQueue
 from gateway.queries import PendingTask
 from taskserver.messages import result_problem
@@ -187,6 +188,7 @@ class ServerLink:
         on_violation: ViolationCallback | None = None,
         on_dequeue: DequeueCallback | None = None,
         limits: WireLimits = DEFAULT_LIMITS,
+        arbiter: DrrArbiter | FairArbiter | None = None,
     ) -> None:
         self.server_id = server_id
         self.host = host
@@ -226,8 +228,9 @@ class ServerLink:
         """The gateway the server says owns its slots (None: no owner, or an older server)."""
         self.last_error = ""
         self.outstanding: dict[str, PendingTask] = {}
-        self.queue = CentralQueue(policy, slots) if central else None
-        """Central queueing: this server's policy queue, kept here (gateway.central)."""
+        self.queue = CentralQueue(policy, slots, arbiter) if central else None
+        """Central queueing: this server's policy queue, kept here (gateway.central); shared
+        between flows by `arbiter` when [allocation] is on."""
         self.policy = policy
         """The order tasks wait in for this server: the gateway's queue's (central), else the
         one the server reports in its heartbeat (the pool's until it does); the wait

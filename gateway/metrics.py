@@ -200,6 +200,7 @@ class _GatewayCollector(Collector):
         yield post_queuing
         yield est_wait
         yield from _group_metrics(view.groups_view())
+        yield from _tenant_metrics(view.tenants_view())
         deferred = CounterMetricFamily(
             "tailgate_queries_deferred",
             "Admission DEFER decisions, by class and reason (a query held twice counts twice).",
@@ -397,3 +398,49 @@ class GatewayMetrics:
         """Export per-server, per-pool and autoscaler figures read from the service at scrape."""
         self.server_windows = ServerMissRatios(make_window, max_age_s)
         self.registry.register(_GatewayCollector(self, view))
+
+
+def _tenant_metrics(tenants: dict[str, Any]) -> Iterable[Metric]:
+    """The allocation layer's flows (tenants or classes), as GET /v1/tenants shows them."""
+    admitted = CounterMetricFamily(
+        "tailgate_tenant_queries_admitted",
+        "Queries admitted, by allocation flow (tenant, or class with flows = class).",
+        labels=["tenant"],
+    )
+    cost = CounterMetricFamily(
+        "tailgate_tenant_admitted_cost_seconds",
+        "Cost of the queries admitted (k_f x x_p^u or the client's cost hint), by flow.",
+        labels=["tenant"],
+    )
+    rejected = CounterMetricFamily(
+        "tailgate_tenant_queries_rejected",
+        "Queries refused by admission, by flow and reason (tenant_share: refused to repay "
+        "the flow's share debt).",
+        labels=["tenant", "reason"],
+    )
+    queued = GaugeMetricFamily(
+        "tailgate_tenant_queued_tasks",
+        "A flow's tasks waiting in the gateway's central queues.",
+        labels=["tenant"],
+    )
+    deficit = GaugeMetricFamily(
+        "tailgate_tenant_deficit_seconds",
+        "A flow's DRR deficit summed over the central queues (cost it may still release).",
+        labels=["tenant"],
+    )
+    debt = GaugeMetricFamily(
+        "tailgate_tenant_share_debt_seconds",
+        "Cost a flow owes to the flows admitted on its account under overload.",
+        labels=["tenant"],
+    )
+    for f in tenants["flows"]:
+        name = [f["flow"]]
+        admitted.add_metric(name, f["admitted"])
+        cost.add_metric(name, f["admitted_cost_ms"] / 1000.0)
+        for reason, n in f["rejected"].items():
+            rejected.add_metric([f["flow"], reason], n)
+        queued.add_metric(name, f["queued_tasks"])
+        deficit.add_metric(name, f["deficit_ms"] / 1000.0)
+        if "share" in f:
+            debt.add_metric(name, f["share"]["debt_ms"] / 1000.0)
+    yield from (admitted, cost, rejected, queued, deficit, debt)

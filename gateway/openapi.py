@@ -78,6 +78,78 @@ _ANSWER = {
     },
 }
 
+_STAGE_ANSWER = {
+    "type": "object",
+    "required": [
+        "stage",
+        "query_id",
+        "slo_ms",
+        "remaining_ms",
+        "budget_ms",
+        "unloaded_latency_ms",
+        "started_ms",
+        "latency_ms",
+        "fanout",
+        "met_slo",
+        "outcome",
+        "tasks",
+    ],
+    "properties": {
+        "stage": {"type": "integer", "description": "its index in the request's stages"},
+        "query_id": {"type": "string"},
+        "slo_ms": {
+            "type": "number",
+            "description": "the SLO the stage rule assigned it when it started (at most "
+            "remaining_ms)",
+        },
+        "remaining_ms": {
+            "type": "number",
+            "description": "the request's SLO less started_ms: what was left when it started",
+        },
+        "budget_ms": {"type": "number", "description": "T_b = slo_ms - x_p^u(k_f)"},
+        "unloaded_latency_ms": {
+            "type": "number",
+            "description": "x_p^u(k_f) over its servers, when it started",
+        },
+        "estimate": {"type": "string", "enum": ["empirical", "tail-model"]},
+        "started_ms": {"type": "number", "description": "its start, from the request's arrival"},
+        "latency_ms": {"type": "number"},
+        "fanout": {"type": "integer"},
+        "met_slo": {"type": "boolean", "description": "within its own slo_ms"},
+        "outcome": {
+            "type": "string",
+            "enum": ["met", "missed_slo", "dropped", "draining", "timeout", "rejected", "failed"],
+        },
+        "cancelled_siblings": {"type": "integer"},
+        "tasks": {"type": "array", "items": {"$ref": "#/components/schemas/TaskOutcome"}},
+        "error": _ERROR["properties"]["error"],
+    },
+}
+
+_REQUEST_ANSWER = {
+    "type": "object",
+    "required": ["request_id", "slo_ms", "stage_rule", "latency_ms", "met_slo", "stages"],
+    "properties": {
+        "request_id": {"type": "string"},
+        "class": {"type": ["string", "null"]},
+        "percentile": {"type": "number"},
+        "slo_ms": {"type": "number", "description": "the request's SLO, shared by its stages"},
+        "stage_rule": {"type": "string", "enum": ["remaining", "proportional", "equal"]},
+        "latency_ms": {"type": "number", "description": "arrival to answer"},
+        "met_slo": {
+            "type": "boolean",
+            "description": "every stage succeeded and latency_ms <= slo_ms",
+        },
+        "stages": {
+            "type": "array",
+            "description": "the stages run, in order (on an error: those run so far)",
+            "items": {"$ref": "#/components/schemas/StageAnswer"},
+        },
+        "stage": {"type": "integer", "description": "on an error: the stage that ended it"},
+        "error": _ERROR["properties"]["error"],
+    },
+}
+
 _SERVER = {
     "type": "object",
     "properties": {
@@ -182,6 +254,56 @@ def openapi_document() -> dict[str, Any]:
                     },
                 }
             },
+            "/v1/requests": {
+                "post": {
+                    "summary": "Submit a multi-query request: fanout queries in a row, one SLO",
+                    "description": (
+                        "TailGuard eq. (5): the request's SLO is additive over its stages. "
+                        "Each stage's servers and x_p^u are fixed at arrival; each stage then "
+                        "runs as an ordinary query (admission control included) with the SLO "
+                        "its stage_rule assigns it from what is left of the request's when it "
+                        "starts. The request ends at the first stage that does not succeed, "
+                        "with that stage's status; every answer but a 400 or 413 lists the "
+                        "stages run so far."
+                    ),
+                    "requestBody": {
+                        "required": True,
+                        "content": {
+                            "application/json": {
+                                "schema": {"$ref": "#/components/schemas/MultiQueryRequest"}
+                            }
+                        },
+                    },
+                    "responses": {
+                        "200": _json(
+                            "RequestAnswer",
+                            "every stage succeeded (met_slo: within the request's SLO)",
+                        ),
+                        "400": _err(
+                            "invalid body (names the field, e.g. stages[1].targets.fanout) "
+                            "or a stage's targets cannot be picked"
+                        ),
+                        "413": _err("body too large"),
+                        "422": _json(
+                            "RequestAnswer",
+                            "the SLO is not above the sum of the stages' unloaded p-th "
+                            "latencies (stages_unloaded_latency_ms lists them)",
+                        ),
+                        "502": _json(
+                            "RequestAnswer", "a stage's task failed or its server was lost"
+                        ),
+                        "503": _json(
+                            "RequestAnswer",
+                            "the budget left cannot cover the next stage and those after it "
+                            "even unloaded (code `request_budget_exhausted`, naming the stage "
+                            "in `field` and `stage`), or a stage was refused as a query would "
+                            "be (admission control, servers down, a task dropped or rejected, "
+                            "draining, a pool owned elsewhere); Retry-After",
+                        ),
+                        "504": _json("RequestAnswer", "a stage not complete at its SLO + grace"),
+                    },
+                }
+            },
             "/v1/servers": {
                 "get": {
                     "summary": "List task servers",
@@ -267,6 +389,20 @@ def openapi_document() -> dict[str, Any]:
                         "slots)."
                     ),
                     "responses": {"200": {"description": "groups"}},
+                }
+            },
+            "/v1/tenants": {
+                "get": {
+                    "summary": "The allocation layer's flows (tenants or classes) and shares",
+                    "description": (
+                        "[allocation]: policy (none, drr, fair), flows_by (tenant or class), "
+                        "share (windows, transfer or none), congestion; per flow: weight, "
+                        "protected, queries admitted and admitted_cost_ms (k_f x x_p^u or the "
+                        "cost hint), rejected by reason, queued_tasks in the central queues, "
+                        "deficit_ms (DRR), miss_ratio (its own window, share = windows) and "
+                        "share (recent admitted cost, debt, moves; share = transfer)."
+                    ),
+                    "responses": {"200": {"description": "flows"}},
                 }
             },
             "/v1/admission": {
@@ -382,6 +518,8 @@ def openapi_document() -> dict[str, Any]:
                 **{body.name: body.schema() for body in REQUEST_BODIES},
                 "TaskOutcome": _TASK,
                 "QueryAnswer": _ANSWER,
+                "StageAnswer": _STAGE_ANSWER,
+                "RequestAnswer": _REQUEST_ANSWER,
                 "Server": _SERVER,
             },
         },

@@ -179,3 +179,7 @@ class PendingTask:
     """Central queueing: decided at the gateway's dequeue; None: the server decides."""
     est_wait_ms: float | None = None
     """The queue wait estimated for it at admission (gateway.waits); None: not estimated."""
+    flow: str = ""
+    """The allocation layer's flow it belongs to (its tenant or class; gateway.allocation)."""
+    cost: float = 1.0
+    """Its share of its query's cost (cost units: ms of server time), for the allocation."""

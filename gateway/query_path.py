@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -37,10 +37,11 @@ from admission.waiting import (
 from gateway.cdf import CdfBook
 from gateway.config import GatewayConfig
 from gateway.deadlines import DeadlineEstimator, DeadlinePlan, SloUnreachable
+from gateway.deferral import DeferralQueue
 from gateway.errors import SloUnreachableError, Unavailable
 from gateway.links import LinkDown, TaskLink, TaskReport
 from gateway.metrics import GatewayMetrics, fanout_bucket
-from gateway.overload import admit
+from gateway.overload import PREDICTED_MISS, admit
 from gateway.queries import (
     CANCELLED,
     DROPPED,
@@ -55,6 +56,7 @@ from gateway.queries import (
 )
 from gateway.requests import QueryRequest
 from gateway.server_registry import ServerRegistry
+from gateway.tenants import SHARE_REASON, Tenants
 from gateway.waits import NewTask, largest_mean_ms, link_wait
 
 GROUP_RATE_WINDOW_S = 10.0
@@ -145,6 +147,14 @@ class QueryPath:
         """Per request group (class, fanout): its last (T_b ms, SLO ms, priority)."""
         self._wait_estimates = config.wait_estimates
         """Estimate every task's queue wait even when admission does not read it."""
+        self.deferrals = DeferralQueue(config.allocation)
+        """Deferred queries, asked again in the allocation layer's order."""
+        self.tenants = Tenants(
+            config.allocation,
+            gate,
+            lambda: AdmissionGate(config.admission, config.classes, clock),
+        )
+        """The allocation layer: flows' shares of admission and of central queues."""
 
     def resolve(self, req: QueryRequest) -> list[TaskLink]:
         """The k_f target servers of a query (TailGuard §III.B: the handler picks them)."""
@@ -199,19 +209,19 @@ class QueryPath:
             raise self._unreachable(down)
         deadline_s = t0 + plan.budget_ms / 1000.0  # TailGuard eq. (4): t_D = t0 + T_b
         slo_deadline_s = t0 + req.slo_ms / 1000.0
-        new = NewTask(deadline_s, slo_deadline_s, req.priority, plan.budget_ms, req.slo_ms)
-        try:
-            waits = await self._admit(req, cls, links, plan, new, t0)
-        except Unavailable as exc:
-            self.metrics.queries.labels(cls, "rejected").inc()
-            self.metrics.admission_rejected(cls, str(exc.extra.get("reason", "")))
-            raise
+        flow = self.tenants.flow_of(req.tenant, cls)
+        # client-side-scheduling's cost prior, k_f * x_p^u, unless the client gives its own.
+        cost_ms = req.cost_hint_ms or max(len(links) * plan.unloaded_ms, 1e-6)
+        task_cost = cost_ms / len(links)
+        new = NewTask(
+            deadline_s, slo_deadline_s, req.priority, plan.budget_ms, req.slo_ms, flow, task_cost
+        )
+        waits = await self._admit_shared(req, cls, flow, cost_ms, links, plan, new, t0)
         if waits is None and self._wait_estimates:
             waits = self.estimate_waits(links, new)
         qid = f"{self._id_prefix}-{next(self._ids)}"
         run = QueryRun(qid, len(links), t0)
-        cost_ms = len(links) * plan.unloaded_ms  # client-side-scheduling's cost prior
-        run.group = RequestGroups.key(cls, links[0].pool, max(cost_ms, 1e-6))
+        run.group = RequestGroups.key(cls, links[0].pool, cost_ms)
         self.groups.admitted(run.group, cost_ms, len(links), t0)
         self._inflight[qid] = run
         self.metrics.inflight.inc()
@@ -227,6 +237,8 @@ class QueryPath:
                     cls,
                     req.payload,
                     est_wait_ms=None if waits is None else waits[i].mean_ms,
+                    flow=flow,
+                    cost=task_cost,
                 )
                 try:
                     link.dispatch(p)
@@ -267,18 +279,73 @@ class QueryPath:
             self.metrics.inflight.dec()
         return self._answer(req, run, plan, links)
 
+    async def _admit_shared(
+        self,
+        req: QueryRequest,
+        cls: str,
+        flow: str,
+        cost_ms: float,
+        links: list[TaskLink],
+        plan: DeadlinePlan,
+        new: NewTask,
+        t0: float,
+    ) -> list[WaitEstimate] | None:
+        """Admission by the rule (`_admit`), then by the allocation layer's share: a refusal
+        on the pool-wide signal may move to the flow served most per weight, and a flow
+        that owes such moves is refused in their place (gateway.tenants)."""
+        tenants = self.tenants
+        gate = tenants.gate_of(flow)
+        if tenants.config.protected:
+            tenants.note_congestion(gate.pressure().miss_ratio, gate.controller.threshold)
+        try:
+            sleep = self.deferrals.sleeper(flow, cost_ms, new.slo_deadline_s)
+            waits = await self._admit(gate, req, cls, links, plan, new, t0, sleep)
+        except Unavailable as exc:
+            reason = str(exc.extra.get("reason", ""))
+            if tenants.gates:
+                exc.extra["flow"] = flow  # judged on its own tasks' miss ratio
+            movable = (
+                tenants.share is not None
+                and exc.code == "admission_rejected"
+                and reason != PREDICTED_MISS  # the query's own prediction, not the pool's load
+            )
+            if not (movable and tenants.decide(flow, cost_ms, False, self.clock())):
+                self._refused(cls, flow, reason)
+                raise
+            return None
+        if not tenants.decide(flow, cost_ms, True, self.clock()):
+            self._refused(cls, flow, SHARE_REASON)
+            assert tenants.share is not None
+            debt = tenants.share.flows[flow].debt
+            raise Unavailable(
+                f"admission control refused the query for the allocation share: {flow!r} was "
+                f"admitted the most per weight while queries of other flows were refused under "
+                f"overload, and owes {debt:.4g} ms of cost to them",
+                code="admission_rejected",
+                extra={"reason": SHARE_REASON, "flow": flow, "debt_ms": debt, "class": cls},
+            )
+        return waits
+
+    def _refused(self, cls: str, flow: str, reason: str) -> None:
+        self.metrics.queries.labels(cls, "rejected").inc()
+        self.metrics.admission_rejected(cls, reason)
+        self.tenants.refused(flow, reason)
+
     async def _admit(
         self,
+        gate: AdmissionGate,
         req: QueryRequest,
         cls: str,
         links: list[TaskLink],
         plan: DeadlinePlan,
         new: NewTask,
         t0: float,
+        sleep: Callable[[float], Awaitable[object]],
     ) -> list[WaitEstimate] | None:
         """Admission (TailGuard §III.D; QLM §6 for the predictive rule): may hold the query
-        (DEFER) or refuse it (503); returns the targets' wait estimates it read, if any."""
-        if self.gate.clearly_admitted():
+        (DEFER, in the deferral queue) or refuse it (503); returns the targets' wait
+        estimates it read, if any."""
+        if gate.clearly_admitted():
             return None
         info = QueryInfo(
             cls,
@@ -289,8 +356,8 @@ class QueryPath:
             percentile=req.percentile,
             cost_hint_ms=req.cost_hint_ms,
         )
-        if not self.gate.needs_wait:
-            await admit(self.gate, info, self._queue_pressure)
+        if not gate.needs_wait:
+            await admit(gate, info, self._queue_pressure, sleep)
             return None
         waits: list[WaitEstimate] = []
 
@@ -300,7 +367,7 @@ class QueryPath:
             meet = self.meet_probability(links, waits, t0, req.slo_ms)
             return replace(q, meet_prob=meet, wait_ms=largest_mean_ms(waits))
 
-        await admit(self.gate, predict(info), self._queue_pressure, rewait=predict)
+        await admit(gate, predict(info), self._queue_pressure, sleep, rewait=predict)
         return waits
 
     def estimate_waits(self, links: list[TaskLink], new: NewTask) -> list[WaitEstimate]:
@@ -418,6 +485,9 @@ class QueryPath:
         if statuses == {OK}:
             outcome = QueryOutcome.MET if body["met_slo"] else QueryOutcome.MISSED_SLO
             self.gate.record_query(cls, latency_ms, req.slo_ms)
+            if self.tenants.gates:
+                flow = self.tenants.flow_of(req.tenant, cls)
+                self.tenants.record_query(flow, cls, latency_ms, req.slo_ms)
             self.metrics.query_answered(cls, run.fanout, latency_ms)
         else:
             bad = [o for o in outcomes if o.status not in (OK, CANCELLED)]
@@ -536,6 +606,8 @@ class QueryPath:
                 # TailGuard §III.D: the miss flag comes back with the result (central
                 # queueing counted it at the dequeue, on_dequeue).
                 self.gate.note_task(missed, p.class_name)
+                if self.tenants.gates:
+                    self.tenants.note_task(p.flow, missed, p.class_name)
             if self.autoscaler is not None:
                 self.autoscaler.record_task(missed, link.pool)
             if missed:
@@ -561,6 +633,8 @@ class QueryPath:
     def on_dequeue(self, link: TaskLink, p: PendingTask) -> None:
         """Central queueing: a task left this gateway's queue; its miss is known now."""
         self.gate.note_task(bool(p.missed_deadline), p.class_name)
+        if self.tenants.gates:
+            self.tenants.note_task(p.flow, bool(p.missed_deadline), p.class_name)
 
     def on_failure(self, link: TaskLink, p: PendingTask, status: str, reason: str) -> None:
         self.metrics.task_done(link.pool, status)

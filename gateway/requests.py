@@ -8,15 +8,22 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gateway.config import GatewayConfig, parse_address
 from gateway.errors import BadRequest
+from gateway.stages import STAGE_RULES
 from taskserver.registration import CLUSTER_NAME_RE, check_cluster_name
 
 CLUSTER_PATTERN = f"^{CLUSTER_NAME_RE.pattern}$"
 """What check_cluster_name accepts, as a JSON Schema pattern."""
+TENANT_PATTERN = "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+"""A tenant name: what a Prometheus label and a TOML key take without quoting trouble."""
+_TENANT_RE = re.compile(TENANT_PATTERN)
+DEFAULT_TENANT = "default"
+"""The tenant of a query that names none."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +178,14 @@ QUERY_BODY = Body(
             description="the client's own estimate of the query's cost in ms of server time; "
             "the cost ladder buckets it instead of k_f x x_p^u",
         ),
+        Field(
+            "tenant",
+            "string",
+            max_length=64,
+            pattern=TENANT_PATTERN,
+            description="who the query is for; the allocation layer ([allocation]) shares the "
+            "pools between tenants by weight (absent: tenant 'default')",
+        ),
     ),
     "Give a class or an slo (not both; neither: the default class).",
 )
@@ -189,8 +204,6 @@ REGISTER_BODY = Body(
         ),
     ),
 )
-REQUEST_BODIES = (QUERY_BODY, SLO_BODY, TARGETS_BODY, REGISTER_BODY)
-"""Every request body and object in one, for the OpenAPI document's components."""
 
 _QUERY_FIELDS = QUERY_BODY.names
 _TARGET_FIELDS = TARGETS_BODY.names
@@ -225,6 +238,8 @@ class QueryRequest:
     payload: bytes
     cost_hint_ms: float | None = None
     """The client's cost estimate (ms of server time), for the cost ladder's buckets."""
+    tenant: str = DEFAULT_TENANT
+    """Who the query is for (the allocation layer's flow)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,7 +313,16 @@ def parse_query(body: Any, config: GatewayConfig) -> QueryRequest:
     cost_hint = None
     if "cost_hint" in body:
         cost_hint = float(QUERY_BODY["cost_hint"].check(body["cost_hint"], "cost_hint"))
-    return QueryRequest(cls_name, percentile, slo_ms, priority, targets, payload, cost_hint)
+    tenant = DEFAULT_TENANT
+    if "tenant" in body:
+        tenant = QUERY_BODY["tenant"].check(body["tenant"], "tenant")
+        if not _TENANT_RE.fullmatch(tenant):
+            raise BadRequest(
+                f"must be 1-64 letters, digits, '_', '.' or '-', starting with a letter or "
+                f"digit, got {tenant!r}",
+                field="tenant",
+            )
+    return QueryRequest(cls_name, percentile, slo_ms, priority, targets, payload, cost_hint, tenant)
 
 
 def _parse_slo(slo: Any) -> tuple[float, float]:
@@ -428,3 +452,119 @@ def parse_register(body: Any, config: GatewayConfig) -> RegisterRequest:
         except ValueError as exc:
             raise BadRequest(str(exc).removeprefix("cluster: "), field="cluster") from exc
     return RegisterRequest(sid, pool, address, slots, cluster)
+
+
+# -- multi-query requests (POST /v1/requests) ----------------------------------------------
+
+MAX_STAGES = 16
+"""Most queries (stages) one multi-query request may run."""
+
+STAGE_BODY = Body(
+    "Stage",
+    (
+        QUERY_BODY["targets"],
+        QUERY_BODY["task"],
+        QUERY_BODY["priority"],
+        QUERY_BODY["cost_hint"],
+    ),
+    "One query of a multi-query request, checked as a query body is. Its SLO is not given: "
+    "the request's stage_rule assigns it when the stage starts.",
+)
+MULTI_QUERY_BODY = Body(
+    "MultiQueryRequest",
+    (
+        QUERY_BODY["class"],
+        QUERY_BODY["slo"],
+        replace(
+            QUERY_BODY["tenant"],
+            description="who the request is for; each stage counts as one of its queries "
+            "(absent: tenant 'default')",
+        ),
+        Field(
+            "stage_rule",
+            "string",
+            description="how the SLO left is shared between the stages left when each starts "
+            "(gateway.stages): remaining (default), proportional or equal",
+            extra=(("enum", list(STAGE_RULES)),),
+        ),
+        Field(
+            "stages",
+            "array",
+            required=True,
+            description="the queries, run one after another",
+            extra=(
+                ("items", {"$ref": "#/components/schemas/Stage"}),
+                ("minItems", 1),
+                ("maxItems", MAX_STAGES),
+            ),
+        ),
+    ),
+    "M fanout queries in a row under one SLO (TailGuard eq. (5)). Give a class or an slo "
+    "(not both; neither: the default class).",
+)
+REQUEST_BODIES = (QUERY_BODY, SLO_BODY, TARGETS_BODY, REGISTER_BODY, MULTI_QUERY_BODY, STAGE_BODY)
+"""Every request body and object in one, for the OpenAPI document's components."""
+
+_STAGE_FIELDS = STAGE_BODY.names
+_MULTI_QUERY_FIELDS = MULTI_QUERY_BODY.names
+_SHARED_FIELDS = ("class", "slo", "tenant")
+"""The request's fields that every stage's query takes as its own."""
+
+
+@dataclass(frozen=True, slots=True)
+class MultiQueryRequest:
+    """A validated POST /v1/requests body: M queries run one after another under one SLO."""
+
+    class_name: str | None
+    percentile: float
+    slo_ms: float
+    """The request's SLO, which its stages share (TailGuard eq. (5))."""
+    tenant: str
+    stage_rule: str
+    """How each stage's SLO is assigned when it starts (gateway.stages.STAGE_RULES)."""
+    stages: tuple[QueryRequest, ...]
+    """Each stage as the query it runs, with the request's class, percentile and tenant; its
+    slo_ms is the request's until the stage starts and is assigned its own."""
+
+
+def parse_multi_query(body: Any, config: GatewayConfig) -> MultiQueryRequest:
+    """Validate a multi-query request body against the configured classes and limits.
+
+    Each stage is checked as the query body it becomes (the request's class or slo and
+    tenant, the stage's own fields), so a stage accepts exactly what POST /v1/queries does;
+    a stage's error names its path under ``stages[i]``.
+    """
+    if not isinstance(body, dict):
+        raise BadRequest(f"body must be a JSON object, got {_type_name(body)}", field="")
+    _unknown(body, _MULTI_QUERY_FIELDS, "")
+    rule = MULTI_QUERY_BODY["stage_rule"].check(body.get("stage_rule", "remaining"), "stage_rule")
+    if rule not in STAGE_RULES:
+        raise BadRequest(
+            f"must be one of {', '.join(STAGE_RULES)}, got {rule!r}", field="stage_rule"
+        )
+    if "stages" not in body:
+        raise BadRequest("required", field="stages")
+    stages = body["stages"]
+    if not isinstance(stages, list) or not stages:
+        raise BadRequest(f"must be a non-empty array of stages, got {stages!r:.80}", field="stages")
+    if len(stages) > MAX_STAGES:
+        raise BadRequest(f"at most {MAX_STAGES} stages, got {len(stages)}", field="stages")
+    shared = {k: body[k] for k in _SHARED_FIELDS if k in body}
+    queries: list[QueryRequest] = []
+    for i, stage in enumerate(stages):
+        path = f"stages[{i}]"
+        if not isinstance(stage, dict):
+            raise BadRequest(f"must be an object, got {_type_name(stage)}", field=path)
+        _unknown(stage, _STAGE_FIELDS, f"{path}.")
+        try:
+            queries.append(parse_query({**shared, **stage}, config))
+        except BadRequest as exc:
+            # parse_query names a query's paths; the stage's own fields live under stages[i].
+            head = (exc.field or "").split(".", 1)[0].split("[", 1)[0]
+            if head in _STAGE_FIELDS:
+                raise BadRequest(exc.message, field=f"{path}.{exc.field}") from exc
+            raise
+    first = queries[0]
+    return MultiQueryRequest(
+        first.class_name, first.percentile, first.slo_ms, first.tenant, rule, tuple(queries)
+    )

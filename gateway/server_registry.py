@@ -17,6 +17,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from admission.allocation import DrrArbiter, FairArbiter
 from gateway.cdf import CdfBook
 from gateway.config import GatewayConfig, PoolConfig, parse_address
 from gateway.errors import NotFound
@@ -75,6 +76,8 @@ class ServerRegistry:
         """Told each task's result (the query path's, wired by GatewayService)."""
         self.on_failure: FailureCallback = _unwired
         self.on_dequeue: DequeueCallback = _unwired
+        self.arbiter_for: Callable[[], DrrArbiter | FairArbiter | None] = lambda: None
+        """A new allocation arbiter for a central queue (wired by GatewayService)."""
 
     def _wait_of(self, link: TaskLink) -> tuple[float, float]:
         """(estimated wait of a task joining the back of its queue, mean service), in ms:
@@ -109,6 +112,9 @@ class ServerRegistry:
             await self.deregister(req.id)
         host, port = parse_address(req.address)
         pool = self._pools[req.pool]
+        central = pool.queueing == "central"
+        arbiter = self.arbiter_for() if central else None
+        shared = {} if arbiter is None else {"arbiter": arbiter}
         link = self._link_factory(
             req.id,
             host,
@@ -116,7 +122,7 @@ class ServerRegistry:
             pool=req.pool,
             cluster=req.cluster,
             slots=req.slots,
-            central=pool.queueing == "central",
+            central=central,
             policy=pool.policy,
             on_result=self.on_result,
             on_failure=self.on_failure,
@@ -131,6 +137,7 @@ class ServerRegistry:
             on_violation=lambda lk, v: self.metrics.wire_violations.labels(
                 lk.server_id, v.reason
             ).inc(),
+            **shared,
         )
         self.book.add_server(req.id, self._prior(pool), group=_cdf_group(pool, req.cluster))
         self.links[req.id] = link

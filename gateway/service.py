@@ -87,6 +87,7 @@ class GatewayService:
         self.servers.on_result = self.query.on_result
         self.servers.on_failure = self.query.on_failure
         self.servers.on_dequeue = self.query.on_dequeue
+        self.servers.arbiter_for = self.query.tenants.arbiter
         self.autoscaler: AutoscalerLoop | None = None
         self.started = False
         """start() is done: the gateway admits queries (GET /readyz)."""
@@ -196,6 +197,10 @@ class GatewayService:
         for link in self.links.values():
             slots[link.pool] = slots.get(link.pool, 0) + link.slots
         return self.query.groups.snapshot(self.clock(), slots)
+
+    def tenants_view(self) -> dict[str, Any]:
+        """GET /v1/tenants: the allocation layer's flows with their shares and counters."""
+        return self.query.tenants.view(self.links.values(), self.clock())
 
     # -- queries -----------------------------------------------------------------------
 

@@ -107,3 +107,7 @@ class GatewayView(Protocol):
     def groups_view(self) -> list[dict[str, Any]]:
         """The request groups as GET /v1/groups shows them."""
         ...
+
+    def tenants_view(self) -> dict[str, Any]:
+        """The allocation layer's flows as GET /v1/tenants shows them."""
+        ...

@@ -63,6 +63,10 @@ class NewTask:
     """Its task budget T_b (the TF-EDFQ key's offset from its arrival)."""
     slo_ms: float = 0.0
     """Its SLO (the T-EDFQ key's offset)."""
+    flow: str = ""
+    """Its allocation flow (tenant or class), for a central queue shared by flows."""
+    cost: float = 1.0
+    """Each of its tasks' cost units in the allocation layer."""
 
 
 _FIRST_KEY: dict[QueuePolicy, Callable[[KeyedTask], float]] = {
@@ -116,7 +120,14 @@ def link_wait(
     """The queue wait of `new` were it dispatched on the link now (QLM eqs. (2)-(3))."""
     central = link.queue
     if central is not None:
-        ahead = central.count_ahead(new.deadline_s, new.slo_deadline_s, new.priority, now)
+        ahead = central.count_ahead(
+            new.deadline_s,
+            new.slo_deadline_s,
+            new.priority,
+            now,
+            getattr(new, "flow", ""),
+            getattr(new, "cost", 1.0),
+        )
         return _estimate(ahead, central.inflight, central.slots, moments)
     busy, ahead = server_backlog(link.policy, link.outstanding.values(), link.slots, new)
     return _estimate(ahead, busy, link.slots, moments)

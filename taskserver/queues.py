@@ -59,6 +59,8 @@ class QueuedTask:
     priority: int
     arrival_s: float
     item: object = None  # opaque payload carried for the shell
+    flow: str = ""  # the tenant or class it is for (gateway.allocation; "" when unshared)
+    cost: float = 1.0  # its cost units in the allocation layer (its query's cost / k_f)
 
 
 @dataclass(frozen=True, slots=True)

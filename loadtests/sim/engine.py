@@ -231,11 +231,11 @@ def simulate(
     deferred = 0
     least_wait = scn.run.pick == "least-wait"
     waits: SimWaits | None = None
-    if scn.admission.policy != "none" or scaler is not None or least_wait:
+    if scn.admission.policy != "none" or scaler is not None or least_wait or scn.allocation.enabled:
         if controller is not None:
             raise ValueError(
-                "budget adjustment cannot run with admission control, autoscaling or least-wait "
-                "choice in the simulator"
+                "budget adjustment cannot run with admission control, autoscaling, least-wait "
+                "choice or allocation in the simulator"
             )
         # Feedback loops learn each task's outcome in time: the event-driven engine.
         predictive = scn.admission.effective_rule == "predictive"

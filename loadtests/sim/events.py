@@ -26,12 +26,14 @@ from typing import Any
 import numpy as np
 
 from admission import Action, AdmissionGate, QueryInfo, WaitEstimate, estimate_wait
+from admission.allocation import Congestion, DrrArbiter, FairArbiter
 from admission.waiting import overtake_window, with_overtaking
+from gateway.allocation import AllocatedQueue
 from gateway.stages import stage_slo_ms
 from loadtests.sim.scenario import Scenario, class_priorities
 from loadtests.sim.waits import SimWaits
 from loadtests.sim.workload import Workload
-from taskserver.queues import QueuedTask, create_task_queue
+from taskserver.queues import QueuedTask, TaskQueue, create_task_queue
 
 __all__ = ["FeedbackRun", "run_with_feedback"]
 
@@ -71,12 +73,17 @@ class _Clock:
 
 
 class _Server:
-    """One server's policy queue and slots on the shared virtual clock (ms)."""
+    """One server's policy queue and slots on the shared virtual clock (ms); with an
+    allocation arbiter the queue is shared between flows (gateway.allocation)."""
 
     __slots__ = ("free", "queue", "queued", "version")
 
-    def __init__(self, policy: str, slots: int) -> None:
-        self.queue = create_task_queue(policy)
+    def __init__(
+        self, policy: str, slots: int, arbiter: DrrArbiter | FairArbiter | None = None
+    ) -> None:
+        self.queue: TaskQueue | AllocatedQueue = (
+            create_task_queue(policy) if arbiter is None else AllocatedQueue(policy, arbiter)
+        )
         self.free = [-math.inf] * slots
         self.queued = 0
         self.version = 0
@@ -184,9 +191,27 @@ def run_with_feedback(
     slo_deadline = np.repeat(w.arrival_ms + slo_ms[w.cls], w.fanout)
     task_prio = np.repeat(prio[w.cls], w.fanout)
     task_query = np.repeat(np.arange(w.queries), w.fanout)
-    servers = [_Server(policy, scn.servers.slots) for _ in range(scn.servers.count)]
+    alloc = scn.allocation
+    congestion = Congestion()
+    servers = [
+        _Server(policy, scn.servers.slots, alloc.arbiter(congestion) if alloc.enabled else None)
+        for _ in range(scn.servers.count)
+    ]
+    flows = [c.flow for c in scn.classes]
+    share = alloc.admission_share()
+    # Cost units of a query (ms of server time): its hint, else k_f * x_p^u; per task / k_f.
+    query_cost = np.maximum(
+        hints if hints is not None else np.nan_to_num(w.fanout * unloaded_ms), 1e-9
+    )
+    task_cost = np.repeat(query_cost / w.fanout, w.fanout)
+    task_flow = [flows[c] for c in np.repeat(w.cls, w.fanout)] if alloc.enabled else None
     clock = _Clock()
     gate = gate_for(scn, clock) if scn.admission.enabled else None
+    # [allocation] share = windows: each flow is admitted on its own tasks' miss ratio.
+    gate_of: list[AdmissionGate] = []
+    if gate is not None:
+        per_flow = {f: gate_for(scn, clock) for f in flows} if alloc.gate_per_flow else {}
+        gate_of = [per_flow.get(f, gate) for f in flows]
     need_wait = gate is not None and gate.needs_wait
     if need_wait and waits is None:
         raise ValueError("the predictive admission rule needs the servers' wait estimates")
@@ -345,6 +370,7 @@ def run_with_feedback(
                 QueuedTask(
                     "", gid, float(deadline[gid]), float(slo_deadline[gid]),
                     int(task_prio[gid]), a, gid,
+                    "" if task_flow is None else task_flow[gid], float(task_cost[gid]),
                 )
             )  # fmt: skip
             srv.queued += 1
@@ -369,14 +395,16 @@ def run_with_feedback(
                 q = ~item
                 c = int(w.cls[q])
                 if staged:  # a stage against its own SLO, from its own start
-                    gate.record_query(
+                    gate_of[c].record_query(
                         names[c], float(done_ms[q] - query_start[q]), float(stage_slo[q])
                     )
                 else:
-                    gate.record_query(names[c], float(done_ms[q] - w.arrival_ms[q]), slo_ms[c])
+                    gate_of[c].record_query(
+                        names[c], float(done_ms[q] - w.arrival_ms[q]), slo_ms[c]
+                    )
         for c, (m, n) in misses.items():
             if gate is not None:
-                gate.record_tasks(m, n, names[c])
+                gate_of[c].record_tasks(m, n, names[c])
             if scaler is not None:
                 scaler.record(m, n, t)
 
@@ -399,6 +427,12 @@ def run_with_feedback(
         deadline[lo:hi] = t + budget_ms[q]
         slo_deadline[lo:hi] = t + slo_s
         return True
+
+    def shared(q: int, c: int, *, rule_admits: bool) -> bool:
+        """The allocation share's verdict on the rule's (admission.allocation)."""
+        if share is None:
+            return rule_admits
+        return share.decide(flows[c], float(query_cost[q]), rule_admits, clock.now_s)
 
     # Arrivals, deferred retries and the next stages of requests, in time order:
     # (time ms, seq, query, waited s).
@@ -451,7 +485,7 @@ def run_with_feedback(
                 if waits.query_meet.size:
                     waits.query_meet[q] = meet
                 wait_ms = max(e.mean_ms for e in ests)
-        if gate is not None and not (staged and q % stages) and not gate.clearly_admitted():
+        if gate is not None and not (staged and q % stages) and not gate_of[c].clearly_admitted():
             info = QueryInfo(
                 names[c],
                 int(prio[c]),
@@ -464,15 +498,26 @@ def run_with_feedback(
                 wait_ms,
                 None if hints is None else float(hints[q]),
             )
-            d = gate.decide(info, queue_pressure)
-            if d.action is Action.REJECT:
-                rejected[q] = True
-                continue
+            d = gate_of[c].decide(info, queue_pressure)
             if d.action is Action.DEFER:
                 deferred += 1
                 seq += 1
                 heapq.heappush(events, (t + d.defer_s * 1000.0, seq, q, waited + d.defer_s))
                 continue
+            if d.action is Action.REJECT:
+                # The allocation share may move a refusal on the pool's signal to the flow
+                # served most (not the predictive rule's, which is the query's own).
+                if not (d.reason != "predicted_miss" and shared(q, c, rule_admits=False)):
+                    rejected[q] = True
+                    continue
+            elif not shared(q, c, rule_admits=True):
+                rejected[q] = True  # refused to repay its flow's share debt
+                continue
+        elif not (staged and q % stages) and not shared(q, c, rule_admits=True):
+            rejected[q] = True
+            continue
+        if alloc.protected and gate is not None:
+            congestion.set(gate_of[c].pressure().miss_ratio / scn.admission.threshold)
         admitted[q] = True
         if waits is not None:
             # The query's request group (class, fanout) arrives at each of its servers.

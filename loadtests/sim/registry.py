@@ -21,6 +21,7 @@ from loadtests.sim import (
     pard_experiments,
     qlm_experiments,
     request_experiments,
+    tenant_experiments,
 )
 from loadtests.sim.experiments import (
     APPS,
@@ -47,6 +48,7 @@ MODULES = (
     qlm_experiments,
     ladder_experiments,
     request_experiments,
+    tenant_experiments,
     pard_experiments,
 )
 """Every module that defines experiments, in the order `sim experiment list` shows them."""

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from admission.config import AdmissionConfig, AdmissionPolicy
+from admission.config import AdmissionConfig, AdmissionPolicy, AllocationConfig
 from gateway.stages import STAGE_RULES
 from taskserver.queues import QueuePolicy
 from taskserver.service_time import ServiceSpec
@@ -184,10 +184,21 @@ class ClassSpec:
     """SLO percentile p."""
     share: float = 1.0
     """Relative share of queries (normalised over classes)."""
+    tenant: str = ""
+    """The tenant its queries are for (the allocation layer's flow; "": the class name)."""
+    fanout: int | None = None
+    """A fixed k_f for this class's queries instead of the [fanout] draw."""
+
+    @property
+    def flow(self) -> str:
+        """Its queries' allocation flow."""
+        return self.tenant or self.name
 
     def __post_init__(self) -> None:
         if not self.name:
             raise ValueError("name: must not be empty")
+        if self.fanout is not None and (isinstance(self.fanout, bool) or self.fanout < 1):
+            raise ValueError(f"fanout: must be an int >= 1, got {self.fanout!r}")
         if not (self.slo_ms > 0 and math.isfinite(self.slo_ms)):
             raise ValueError(f"slo_ms: must be > 0, got {self.slo_ms}")
         if not 0 < self.percentile < 100:
@@ -339,6 +350,9 @@ class Scenario:
     """Admission control, as in the gateway's [admission] (default here: none)."""
     autoscaling: SimAutoscaling = field(default_factory=SimAutoscaling)
     """Vertical autoscaling of the emulated servers."""
+    allocation: AllocationConfig = field(default_factory=AllocationConfig)
+    """Fair share between tenants (classes' `tenant`), the gateway's [allocation]: at the
+    central queues and in admission."""
     name: str = "scenario"
     """Shown in reports."""
     description: str = ""
@@ -358,6 +372,12 @@ class Scenario:
         ks = self.fanout.values_and_probs()[0]
         if max(ks) > self.servers.count:
             raise ValueError(f"fanout: fanout {max(ks)} exceeds the {self.servers.count} servers")
+        for c in self.classes:
+            if c.fanout is not None and c.fanout > self.servers.count:
+                raise ValueError(
+                    f"classes: class {c.name!r} fanout {c.fanout} exceeds the "
+                    f"{self.servers.count} servers"
+                )
 
     def with_policy(self, policy: str) -> Scenario:
         """The same scenario under another queue policy."""
@@ -374,9 +394,15 @@ class Scenario:
         scales = self.servers.scales()
         return make_distribution(self.service).mean_ms * sum(scales) / len(scales)
 
+    def mean_fanout(self) -> float:
+        """E[k_f] over the classes' shares (a class with a fixed fanout uses it)."""
+        draw = self.fanout.mean()
+        total = sum(c.share for c in self.classes)
+        return sum(c.share * (draw if c.fanout is None else c.fanout) for c in self.classes) / total
+
     def arrival_rate_per_ms(self, load: float) -> float:
         """λ for a load: load = λ · E[k_f] · E[service] / N."""
-        return load * self.servers.count / (self.fanout.mean() * self.mean_service_ms())
+        return load * self.servers.count / (self.mean_fanout() * self.mean_service_ms())
 
 
 def parse_scenario(

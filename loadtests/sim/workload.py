@@ -105,6 +105,7 @@ def _cached_draws(scn: Scenario) -> _Draws:
             run=replace(scn.run, policy=QueuePolicy.FIFO, budget_adjust=False, pick="random"),
             admission=replace(scn.admission, policy=AdmissionPolicy.NONE),
             autoscaling=replace(scn.autoscaling, enabled=False),
+            allocation=replace(scn.allocation, policy="none"),
         )
     )
     if _last is None or _last[0] != key:
@@ -120,6 +121,9 @@ def _draws(scn: Scenario) -> _Draws:
     cls = rng.choice(len(shares), size=n, p=shares / shares.sum()).astype(np.int32)
     ks, ps = scn.fanout.values_and_probs()
     fanout = rng.choice(np.array(ks), size=n, p=np.array(ps)).astype(np.int64)
+    for c, spec in enumerate(scn.classes):
+        if spec.fanout is not None:
+            fanout[cls == c] = spec.fanout
     offsets = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(fanout, out=offsets[1:])
     servers = _targets(rng, fanout, offsets, scn.servers.count)

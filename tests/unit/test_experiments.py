@@ -382,3 +382,20 @@ def test_multi_query_experiment_searches_every_rule(tmp_path: Path, tailbench_di
         (p, r) for p in ("fifo", "tf-edfq") for r in ("remaining", "proportional", "equal")
     }
     assert "Unjudged probes (not called met)" in md.read_text(encoding="utf-8")
+
+
+def test_fair_share_experiment_reports_every_allocation_per_tenant(
+    tmp_path: Path, tailbench_dir: Path
+) -> None:
+    from loadtests.sim.tenant_experiments import FLOOD, VARIANTS, variant_name
+
+    md = run_tiny("fair-share", tmp_path, tailbench_dir, queries=12000, tol=0.3)
+    rows = read_csv(tmp_path / "fair-share" / "fair_share.csv")
+    assert [(r["allocation"], float(r["flood"])) for r in rows] == [
+        (variant_name(*v), m) for v in VARIANTS for m in FLOOD
+    ]
+    for r in rows:
+        for tenant in ("interactive", "bulk"):
+            assert 0.0 <= float(r[f"goodput_{tenant}"]) <= float(r[f"admitted_{tenant}"]) <= 1.0
+    assert (tmp_path / "fair-share" / "fair_share.png").is_file()
+    assert "## Per tenant" in md.read_text(encoding="utf-8")

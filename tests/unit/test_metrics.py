@@ -63,6 +63,7 @@ def make_view(clock: list[float], **changes: Any) -> SimpleNamespace:
         autoscaler=None,
         clock=lambda: clock[0],
         groups_view=lambda: [],
+        tenants_view=lambda: {"flows": []},
     )
     for k, v in changes.items():
         setattr(view, k, v)
