@@ -8,6 +8,13 @@ arrival times over real HTTP, collects every answer, and reports what ``tailgate
 reports (per class and fanout type, in the scenario's own units: live latencies are
 divided by the scale), beside the simulator's report of the same queries.
 
+A scenario with pools of servers, or with ``pick = "least-wait"``, replays with the gateway
+picking each query's servers (`loadtests.live_plan.gateway_picks`): all N servers form the
+gateway's one pool, which picks as the scenario says, and each query's payload times every
+server (a slow pool's servers get its ``service_scale`` times the base draw). ``--pick
+random|least-wait`` overrides the scenario's ``[run] pick`` for the replay and for the
+simulator beside it, so the two picks can be compared live on the same draws.
+
 The driver must not be the bottleneck: it reports its lateness (actual - scheduled send
 time) and the gateway's CPU share; a run whose driver lateness p99 exceeds 1% of the
 smallest scaled SLO is marked INVALID.
@@ -28,7 +35,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +43,13 @@ import aiohttp
 import numpy as np
 
 from admission.tails import nearest_rank
-from loadtests.live_plan import live_gateway_toml, plan_queries, process_counts
+from loadtests.live_plan import (
+    gateway_picks,
+    live_gateway_toml,
+    plan_queries,
+    pool_of_servers,
+    process_counts,
+)
 from loadtests.sim.engine import SimResult, simulate
 from loadtests.sim.report import Report, report
 from loadtests.sim.scenario import Scenario
@@ -66,16 +79,22 @@ class LiveRun:
     wall_s: float
     valid: bool
     gap: dict[str, tuple[float, float]]
+    """Where live time goes beyond the model, p50 and p99 in scenario ms (`_gap_parts`)."""
     waits: dict[str, dict[str, float]]
     """With wait estimates: per class (and "all"), the estimator's accuracy on the tasks the
     gateway expected to wait (tasks, R², error p50 / p99 in scenario ms; error = actual -
     estimated)."""
-    """Where live time goes beyond the model, p50 and p99 in scenario ms (`_gap_parts`)."""
+    targets: str = "as drawn"
+    """Who picked each query's servers: "as drawn" (the simulator's), or the gateway's pick
+    ("random", "least-wait")."""
+    pool_tasks: dict[str, float] = field(default_factory=dict)
+    """A scenario with pools: each pool's share of the answered tasks, live."""
 
     def to_text(self) -> str:
         """The live report, the simulator's, and the run's own figures."""
         flag = "valid" if self.valid else "INVALID (driver late by more than 1% of the SLO)"
         answered = ", ".join(f"{k}: {v}" for k, v in sorted(self.answered.items()))
+        picked = "as drawn" if self.targets == "as drawn" else f"by the gateway, {self.targets}"
         return "\n".join(
             [
                 f"== live (time scale {self.scale:g}; latencies in scenario ms) ==",
@@ -85,7 +104,15 @@ class LiveRun:
                 f"sent {self.sent} queries in {self.wall_s:.1f} s (answers {answered}); driver "
                 f"lateness p99 {self.lateness_p99_ms:.2f} ms, max {self.lateness_max_ms:.2f} ms"
                 f"; gateway CPU {self.gateway_cpu_share:.0%} of a core, servers "
-                f"{self.servers_cpu_share:.0%}; {flag}",
+                f"{self.servers_cpu_share:.0%}; servers {picked}; {flag}",
+                *(
+                    [
+                        "tasks per pool (live): "
+                        + ", ".join(f"{k} {v:.1%}" for k, v in self.pool_tasks.items())
+                    ]
+                    if self.pool_tasks
+                    else []
+                ),
                 "beyond the model (scenario ms, p50 / p99): "
                 + "; ".join(f"{k} {a:.4f} / {b:.4f}" for k, (a, b) in self.gap.items()),
                 *(
@@ -118,7 +145,9 @@ def _gap_parts(
       result): the gateway's dispatch and merge, both loopback hops, the HTTP answer.
 
     (`_replay` adds ``query, live - simulated``: each query's live latency minus the
-    simulator's for the same query, where both answered every query.)
+    simulator's for the same query, where both answered every query and the plan sent each
+    query to the simulator's servers.) A payload that times every server (the gateway
+    picks) gives the drawn time of whichever server ran the task.
     """
     emulation: list[float] = []
     outside: list[float] = []
@@ -139,6 +168,24 @@ def _gap_parts(
         for k, v in parts.items()
         if v
     }
+
+
+def _pool_tasks(
+    scn: Scenario, answers: list[dict[str, Any] | None], per_process: int
+) -> dict[str, float]:
+    """Each scenario pool's share of the tasks that ran (status ok), live; empty without
+    pools. Where least-wait moves work to the faster pool, this is where it shows."""
+    if not scn.servers.pools:
+        return {}
+    pool_of = pool_of_servers(scn, "em", per_process)
+    counts = dict.fromkeys((p.name for p in scn.servers.pools), 0)
+    for a in answers:
+        for t in (a or {}).get("tasks") or ():
+            pool = pool_of.get(t.get("server")) if t.get("status") == "ok" else None
+            if pool is not None:
+                counts[pool] += 1
+    total = sum(counts.values())
+    return {k: v / total for k, v in counts.items()} if total else {}
 
 
 def _wait_accuracy(
@@ -368,7 +415,18 @@ def run_live(
                 loop_factory=lambda: asyncio.SelectorEventLoop(selectors.SelectSelector())
             ) as runner:
                 return runner.run(
-                    _replay(scn, load, policy, plan, url, procs, scale, concurrency, wait_estimates)
+                    _replay(
+                        scn,
+                        load,
+                        policy,
+                        plan,
+                        url,
+                        procs,
+                        scale,
+                        concurrency,
+                        wait_estimates,
+                        per_process,
+                    )
                 )
         finally:
             for proc in procs:
@@ -394,6 +452,7 @@ async def _replay(
     scale: float,
     concurrency: int,
     wait_estimates: bool = False,
+    per_process: int = 25,
 ) -> LiveRun:
     async with aiohttp.ClientSession() as http:
         await _wait_servers_up(http, url, scn.servers.count)
@@ -417,16 +476,21 @@ async def _replay(
     p99 = nearest_rank(lateness, 99.0)
     min_slo_ms = min(c.slo_ms for c in scn.classes) * scale
     live_result = _live_result(scn, load, policy, plan, answers, scale)
-    sim_result = simulate(scn, load)  # the plan is this scenario's workload at this load
+    # The plan is this scenario's workload at this load; the simulator picks as it says.
+    sim_result = simulate(scn, load)
     live, sim = report(live_result), report(sim_result)
     gap = _gap_parts(plan, answers, scale)
     waits = _wait_accuracy(scn, plan, answers, scale) if wait_estimates else {}
+    picks = gateway_picks(scn)
     if (
-        not live_result.rejected_queries
+        not picks
+        and not live_result.rejected_queries
         and not sim_result.rejected_queries
         and len(live_result.latency_ms) == len(sim_result.latency_ms)
     ):
-        # The same queries in the same order: each one's live minus simulated latency.
+        # The same tasks in the same order: each query's live minus simulated latency. (Where
+        # the gateway picks, a query's servers and service times differ from the simulator's:
+        # the two then compare as distributions only.)
         diff = sorted((live_result.latency_ms - sim_result.latency_ms).tolist())
         gap["query, live - simulated"] = (
             nearest_rank(diff, 50.0),
@@ -446,6 +510,8 @@ async def _replay(
         valid=p99 <= 0.01 * min_slo_ms,
         gap=gap,
         waits=waits,
+        targets=scn.run.pick if picks else "as drawn",
+        pool_tasks=_pool_tasks(scn, answers, per_process),
     )
 
 
@@ -460,6 +526,8 @@ class LiveMaxLoad:
     sim_bracket: tuple[float, float]
     probes: list[tuple[float, bool, bool]]
     """Live probes: (load, met, valid)."""
+    pick: str = "random"
+    """How the gateway and the simulator picked each query's servers (the scenario's pick)."""
 
     def to_text(self) -> str:
         """One line: both max loads, their gap and the live probes."""
@@ -468,8 +536,9 @@ class LiveMaxLoad:
         probes = ", ".join(f"{load:.3f}{'+' if met else '-'}" for load, met, _ in self.probes)
         note = f"; {invalid} INVALID probe(s)" if invalid else ""
         return (
-            f"{self.policy:>8}: live max load {self.live:.3f} {self.live_bracket}, simulated "
-            f"{self.sim:.3f} {self.sim_bracket}, live vs simulated {gap:+.1%}; live probes "
+            f"{self.policy:>8}, {self.pick} pick: live max load {self.live:.3f} "
+            f"{self.live_bracket}, simulated {self.sim:.3f} {self.sim_bracket}, live vs "
+            f"simulated {gap:+.1%}; live probes "
             f"{probes}{note}"
         )
 
@@ -511,7 +580,13 @@ def live_max_load(
         hi = min(hi, m_sim.max_load * (1.0 + around_sim))
     m_live = find_max_load(scn, policy, lo=lo, hi=hi, tol=tol, run=run)
     return LiveMaxLoad(
-        policy, m_live.max_load, m_live.bracket, m_sim.max_load, m_sim.bracket, probes
+        policy,
+        m_live.max_load,
+        m_live.bracket,
+        m_sim.max_load,
+        m_sim.bracket,
+        probes,
+        str(scn.run.pick),
     )
 
 
@@ -546,6 +621,12 @@ def main(argv: list[str] | None = None) -> int:
         q.add_argument("--queries", type=int, help="queries per replay (default: the scenario's)")
         q.add_argument("--per-process", type=int, default=25, help="emulated servers per process")
         q.add_argument(
+            "--pick",
+            choices=("random", "least-wait"),
+            help="how a query's servers are picked, live and simulated (default: the "
+            "scenario's [run] pick)",
+        )
+        q.add_argument(
             "--service-quantiles",
             required=True,
             help="the service-time table (e.g. ../shared/data/tailbench/masstree_quantiles.txt)",
@@ -567,6 +648,8 @@ def main(argv: list[str] | None = None) -> int:
         scn = scn.with_service(ServiceSpec(kind="quantiles", path=path))
         if args.queries:
             scn = replace(scn, run=replace(scn.run, queries=args.queries))
+        if args.pick:  # before the replay and the simulator beside it
+            scn = replace(scn, run=replace(scn.run, pick=args.pick))
         opts = {
             "scale": args.scale,
             "per_process": args.per_process,
