@@ -58,6 +58,7 @@ __all__ = [
     "estimate_backends",
     "required_backends",
     "response_percentile_ms",
+    "task_targets",
     "waiting_percentile_ms",
 ]
 
@@ -239,10 +240,14 @@ def estimate_backends(
     reply_ms: float = 0.5,
     retry_delay_ms: float = 1.0,
     dispatch: str = "retry",
+    constraints: Sequence[tuple[float, float]] = (),
 ) -> BackendEstimate:
     """Smallest n whose modelled p-th percentile response time meets target_ms (Swayam §4.3).
 
     `dispatch` picks the waiting-time model: "retry" (Swayam eq. 1) or "central" (M/M/n).
+    `constraints` (beyond the paper): more (percentile, target_ms) pairs that n must meet as
+    well, one per request group (`task_targets`: each class's SLO at the task percentile its
+    fanout needs).
     """
     if dispatch not in DISPATCHES:
         raise PolicyValueError(f"swayam dispatch: must be one of {DISPATCHES}, got {dispatch!r}")
@@ -254,14 +259,23 @@ def estimate_backends(
         raise PolicyValueError(f"swayam max_backends: must be an int >= 1, got {max_backends!r}")
     _check_delays(send_ms, reply_ms, retry_delay_ms)
     cycle_ms = send_ms + reply_ms + retry_delay_ms
-    needed = percentile / 100
+    targets = [(percentile, target_ms), *constraints]
+    for p, t in targets[1:]:
+        _check_percentile(p)
+        if not (t > 0 and math.isfinite(t)):
+            raise PolicyValueError(f"swayam constraint target_ms: must be > 0, got {t!r}")
 
     def meets(n: int) -> bool:
         if dispatch == "central":
-            cdf = _central_response_cdf(target_ms, n, rate_per_s, burst, service, send_ms, reply_ms)
-            return cdf >= needed
+            return all(
+                _central_response_cdf(t, n, rate_per_s, burst, service, send_ms, reply_ms)
+                >= p / 100
+                for p, t in targets
+            )
         rho = _utilisation(rate_per_s, burst, service, n)
-        return rho < 1 and _response_cdf(target_ms, rho, service, send_ms, cycle_ms) >= needed
+        return rho < 1 and all(
+            _response_cdf(t, rho, service, send_ms, cycle_ms) >= p / 100 for p, t in targets
+        )
 
     # Stability needs rho < 1, i.e. n > offered load; above that P(R <= target) rises with n
     # (rho falls), so a binary search finds the smallest n (Fig. 4 suggests it for large n).
@@ -278,6 +292,25 @@ def estimate_backends(
         else:
             lo = mid + 1
     return BackendEstimate(lo, True, _utilisation(rate_per_s, burst, service, lo))
+
+
+def task_targets(groups: Sequence[tuple[float, float, int]]) -> list[tuple[float, float]]:
+    """(task percentile, target ms) per request group (class percentile p, SLO ms, fanout k).
+
+    Swayam sizes for one request per backend and one SLA. A fanout query of class c meets its
+    p-th percentile SLO T_c when its k tasks all finish by T_c, and with independent tasks
+    P(query <= T) = P(task <= T)^k (TailGuard eq. (1)), so each task must meet T_c at the
+    percentile 100 (p/100)^(1/k) (about 100 - (100 - p)/k). One pair per distinct (p, T): the
+    widest fanout's, the strictest. Beyond the paper.
+    """
+    strictest: dict[tuple[float, float], int] = {}
+    for p, slo_ms, k in groups:
+        _check_percentile(p)
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise PolicyValueError(f"swayam group fanout: must be an int >= 1, got {k!r}")
+        key = (p, slo_ms)
+        strictest[key] = max(strictest.get(key, 1), k)
+    return [(100.0 * (p / 100.0) ** (1.0 / k), t) for (p, t), k in sorted(strictest.items())]
 
 
 def required_backends(
@@ -398,6 +431,11 @@ class SwayamPolicy:
         self._service_ms: tuple[float, ...] | None = None
         self._last_scale_in_s: float | None = None
         self._history: deque[dict] = deque(maxlen=history)
+        self.constraints: tuple[tuple[float, float], ...] = ()
+        """More (task percentile, target ms) pairs n must meet: the request groups' (see
+        `task_targets`); () sizes for (percentile, target_ms) alone, as the paper."""
+        self.violations = 0
+        """SLA violations reported (Algorithm 1 line 4), each one a reason to decide now."""
 
     def observe(
         self,
@@ -412,6 +450,11 @@ class SwayamPolicy:
         self._service_ms = _check_service(service_quantiles_ms)
         self.predictor.observe(now, rate_per_s * frontends)
 
+    def set_groups(self, groups: Sequence[tuple[float, float, int]]) -> None:
+        """The request groups (class percentile, SLO ms, fanout) now arriving: n_B must meet
+        each one's task target (`task_targets`), not only the policy's own."""
+        self.constraints = tuple(task_targets(groups))
+
     def decide(self, now: float, active: int) -> ScaleDecision:
         """Scale out to n_B(predicted rate at now + t_setup); scale-in is left to idle backends."""
         if self._service_ms is None:
@@ -420,17 +463,23 @@ class SwayamPolicy:
             rate = 0.0
         else:
             rate = self.predictor.predict(now, self.setup_s)
+            # With request groups, each group's own task target replaces the policy's one
+            # (the tightest class's SLO applied to every task).
+            (percentile, target_ms), *more = self.constraints or (
+                (self.percentile, self.target_ms),
+            )
             estimate = estimate_backends(
                 rate,
                 self._service_ms,
-                percentile=self.percentile,
-                target_ms=self.target_ms,
+                percentile=percentile,
+                target_ms=target_ms,
                 burst=self.burst,
                 max_backends=self.max_backends,
                 send_ms=self.send_ms,
                 reply_ms=self.reply_ms,
                 retry_delay_ms=self.retry_delay_ms,
                 dispatch=self.dispatch,
+                constraints=more,
             )
             target = max(self.min_backends, estimate.backends)
         self.last_estimate = estimate
@@ -481,6 +530,10 @@ class SwayamPolicy:
             "max_backends": self.max_backends,
             "in_use": self.in_use,
             "samples": len(self.predictor),
+            "task_targets": [
+                {"percentile": round(p, 6), "target_ms": t} for p, t in self.constraints
+            ],
+            "violations": self.violations,
             "estimate": None
             if estimate is None
             else {

@@ -4,7 +4,11 @@ Threshold policy (TailGuard §III.E): the pool's task deadline-miss ratio over
 its own window (shorter than admission's, so scaling reacts first) against
 R_sth^U / R_sth^L. Swayam policy (§4): the pool's request rate and service
 times; scale-out to the predicted need, scale-in left to idle servers that
-retire themselves (`tailgate taskserver --idle-exit-s`).
+retire themselves (`tailgate taskserver --idle-exit-s`); the pool routes by the policy's
+ordered backend prefix (gateway.targets), n_B meets each request group's own task target
+(class SLO at the percentile its fanout needs), and an SLA violation decides at once.
+With several gateway replicas in front of the pool, each publishes its local rate on its
+heartbeats and feeds the policy the sum over all of them (taskserver.frontends, §4.2).
 """
 
 from __future__ import annotations
@@ -12,12 +16,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from admission import MissRatioWindow, SwayamPolicy, ThresholdAutoscaler
 from gateway.config import AutoscalingConfig
+from taskserver.frontends import FrontendRates
 from taskserver.spawn import taskserver_argv
 
 if TYPE_CHECKING:
@@ -25,6 +31,12 @@ if TYPE_CHECKING:
     from gateway.view import GatewayView
 
 log = logging.getLogger(__name__)
+
+MIN_VIOLATION_GAP_S = 0.1
+"""Least time between two decisions, so a burst of SLA violations decides once."""
+FRONTEND_HORIZON_TIMEOUTS = 3.0
+"""Swayam: another gateway no server has listed for this many heartbeat timeouts is
+forgotten (its rate leaves the global rate)."""
 
 
 class AutoscalerLoop:
@@ -74,12 +86,45 @@ class AutoscalerLoop:
         self._task: asyncio.Task[None] | None = None
         self._last_tick = clock()
         self._tasks_at_tick = 0
+        self.frontends = FrontendRates(
+            FRONTEND_HORIZON_TIMEOUTS * service.config.heartbeat_timeout_s
+        )
+        """Swayam: the gateways in front of the pool and their local rates, as the pool's
+        servers list them in their heartbeat replies."""
+        self._own_id: str | None = None
+        self._rates: dict[str, Any] = {}
+        """Swayam: the frontends and rates the last tick fed the policy (for the snapshot)."""
+        self._groups: dict[tuple[float, float, int], float] = {}
+        """Request groups (percentile, SLO ms, fanout) of the pool -> when last seen."""
+        self._wake = asyncio.Event()
+        """Set by an SLA violation: decide now, not at the next period."""
+        self._last_decision_s = -math.inf
 
     def record_task(self, missed: bool, pool: str) -> None:
         """One task result of any pool (only this pool's count)."""
         if pool == self.config.pool:
             self.window.record(missed, self.clock())
             self.tasks_seen += 1
+
+    def record_query(self, percentile: float, slo_ms: float, fanout: int, pool: str) -> None:
+        """A query dispatched on the pool: its request group, for Swayam's per-group task
+        targets (admission.swayam.task_targets)."""
+        if pool == self.config.pool:
+            self._groups[(percentile, slo_ms, fanout)] = self.clock()
+
+    def note_violation(self, pool: str) -> None:
+        """A query of the pool is still running at its SLO: with Swayam, decide at once
+        (Algorithm 1, lines 4-5 and 12), at most once per MIN_VIOLATION_GAP_S."""
+        if pool != self.config.pool or not isinstance(self.policy, SwayamPolicy):
+            return
+        self.policy.violations += 1
+        self._wake.set()
+
+    def _recent_groups(self, now: float) -> list[tuple[float, float, int]]:
+        """The groups seen within the predictor's history (older ones are forgotten)."""
+        horizon = self.policy.predictor.history_s if isinstance(self.policy, SwayamPolicy) else 0
+        self._groups = {g: t for g, t in self._groups.items() if now - t <= horizon}
+        return list(self._groups)
 
     def start(self) -> None:
         """Start deciding in the background."""
@@ -96,7 +141,14 @@ class AutoscalerLoop:
 
     async def _run(self) -> None:
         while True:
-            await asyncio.sleep(self.config.interval_s)
+            # Every interval, or at once after an SLA violation (not twice within the gap).
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.config.interval_s)
+            self._wake.clear()
+            gap = MIN_VIOLATION_GAP_S - (self.clock() - self._last_decision_s)
+            if gap > 0:
+                await asyncio.sleep(gap)
+            self._last_decision_s = self.clock()
             try:
                 await self.tick()
             except Exception as exc:  # an actuator failure must not stop the loop
@@ -115,9 +167,13 @@ class AutoscalerLoop:
             elapsed = max(now - self._last_tick, 1e-9)
             rate = (self.tasks_seen - self._tasks_at_tick) / elapsed
             self._last_tick, self._tasks_at_tick = now, self.tasks_seen
+            global_rate = self._share_rate(now, rate)
             quantiles = self._service_quantiles()
+            groups = self._recent_groups(now)
+            if groups:
+                self.policy.set_groups(groups)
             if quantiles:
-                self.policy.observe(now, rate, quantiles)
+                self.policy.observe(now, global_rate, quantiles)
             decision = self.policy.decide(now, replicas)
         action_name = "up" if decision.delta > 0 else "down" if decision.delta < 0 else "hold"
         self.decisions[action_name] += 1
@@ -137,6 +193,35 @@ class AutoscalerLoop:
         # Misses that led to this step say nothing about the new capacity.
         self.window = MissRatioWindow(window_tasks=self.config.window_tasks)
         return action
+
+    def _share_rate(self, now: float, rate: float) -> float:
+        """Publish this gateway's local rate λ_i on the pool's heartbeats and return the global
+        rate λ: ours plus every other gateway's latest, as the pool's servers list them.
+
+        Swayam §4.2 gossips n_F through backend replies and takes λ = n_F · λ_i; summing the
+        rates instead is beyond the paper: it holds when gateways see uneven shares. With one
+        gateway, λ = λ_i.
+        """
+        for link in self.service.links.values():
+            if link.pool != self.config.pool:
+                continue
+            link.load_per_s = rate
+            self._own_id = link.gateway_id or self._own_id
+            if link.frontends_s is not None:
+                self.frontends.merge(link.frontends, link.frontends_s)
+        own = self._own_id
+        global_rate = self.frontends.global_rate(own, rate, now)
+        ids = self.frontends.ids(now, own)
+        self._rates = {
+            "frontends": {
+                "count": max(len(ids), 1),
+                "ids": ids,
+                "rates_per_s": {**self.frontends.rates(now), **({own: rate} if own else {})},
+            },
+            "local_rate_per_s": rate,
+            "global_rate_per_s": global_rate,
+        }
+        return global_rate
 
     def replicas_now(self) -> int:
         """Servers of the scaled pool registered now."""
@@ -165,7 +250,7 @@ class AutoscalerLoop:
                 "now": len(self.service.pool_members.get(c.pool, [])),
             },
             "window": self.window.snapshot(now),
-            "policy_state": self.policy.snapshot(now),
+            "policy_state": {**self.policy.snapshot(now), **self._rates},
             "actions": list(self.actions),
             "last_error": self.last_error,
         }

@@ -218,6 +218,9 @@ class GatewayConfig:
     """Server pools."""
     grace_ms: float = 1000.0
     """A query is answered at the latest at its SLO plus this grace."""
+    prune_late: bool = False
+    """Answer a query still running at its SLO at once (504) and cancel its tasks, instead
+    of waiting for the grace (Swayam's request pruning, Algorithm 1 line 6)."""
     max_body_bytes: int = 1024 * 1024
     """Largest accepted request body."""
     max_frame_bytes: int = 64 * 1024 * 1024

@@ -9,7 +9,9 @@ task gets an outcome: a result, or a failure the moment the link is lost.
 The heartbeat is the server's ``status`` call: it measures the round trip, learns when
 the server drains (it then leaves the selection until it is back), and in central
 queueing claims the server for this gateway (taskserver.ownership): a server owned by
-another gateway is connected but takes no task from this one.
+another gateway is connected but takes no task from this one. When the autoscaler sets
+``load_per_s``, the heartbeat also reports this gateway's local request rate, and the reply's
+list of every gateway's rate is kept in ``frontends`` (taskserver.frontends, Swayam §4.2).
 
 A server that sends nothing (no result, no heartbeat reply) for ``heartbeat_timeout_s`` is
 down at once: the connection is dropped, every task it holds fails, and it leaves the
@@ -33,6 +35,7 @@ from typing import Any, Protocol
 from admission.allocation import DrrArbiter, FairArbiter
 from gateway.central import CentralQueue
 from gateway.queries import PendingTask
+from taskserver.frontends import reported_loads
 from taskserver.messages import result_problem
 from taskserver.ownership import claim_proof
 from taskserver.queues import QueuePolicy
@@ -120,7 +123,9 @@ class TaskLink(Protocol):
     through `GatewayService(link_factory=...)`. A link reports each task's fate through the
     callbacks it was built with: `on_result(link, task, TaskReport, now)`,
     `on_failure(link, task, status, reason)` and, with central queueing,
-    `on_dequeue(link, task)`.
+    `on_dequeue(link, task)`. The autoscaler sets `load_per_s` (this gateway's local rate,
+    sent with the heartbeat) and reads `frontends` (every gateway's, as the server listed
+    them at `frontends_s`).
     """
 
     server_id: str
@@ -138,6 +143,10 @@ class TaskLink(Protocol):
     policy: QueuePolicy
     tasks_sent: int
     results: int
+    gateway_id: str
+    load_per_s: float | None
+    frontends: list[tuple[str, float]]
+    frontends_s: float | None
 
     @property
     def address(self) -> str: ...
@@ -226,6 +235,14 @@ class ServerLink:
         """The server said (heartbeat) that it drains: it takes no new task."""
         self.owner: str | None = None
         """The gateway the server says owns its slots (None: no owner, or an older server)."""
+        self.load_per_s: float | None = None
+        """This gateway's local request rate for the pool (Swayam §4.2's λ_i), sent with every
+        heartbeat; set by the autoscaler (None: nothing is sent)."""
+        self.frontends: list[tuple[str, float]] = []
+        """(gateway id, rate) of every gateway the server heard from, this one included, as
+        its last heartbeat reply listed them (at most taskserver.frontends.MAX_FRONTENDS)."""
+        self.frontends_s: float | None = None
+        """When that reply came (clock time; None before the first)."""
         self.last_error = ""
         self.outstanding: dict[str, PendingTask] = {}
         self.queue = CentralQueue(policy, slots, arbiter) if central else None
@@ -367,16 +384,20 @@ class ServerLink:
 
     def _status_args(self, nonce: bytes | None) -> Any:
         """The heartbeat's arguments: in central queueing, a claim proving the token on this
-        connection (its nonce comes with the first reply, so the first call claims nothing)."""
+        connection (its nonce comes with the first reply, so the first call claims nothing);
+        with `load_per_s` set, this gateway's local request rate."""
+        load = None
+        if self.load_per_s is not None and self.gateway_id:
+            load = self._t.FrontendLoad(self.gateway_id, self.load_per_s)
         if not (self.central and self.gateway_id) or nonce is None:
-            return self._t.TaskServer.status_args()
+            return self._t.TaskServer.status_args(load=load)
         # The lease outlives a missed heartbeat or two, not a dead gateway.
         lease_ms = self.heartbeat_timeout_s * 1000.0
         proof = None
         if self.token is not None:
             proof = claim_proof(self.token, nonce, self.gateway_id, lease_ms)
         claim = self._t.OwnerClaim(self.gateway_id, lease_ms, proof)
-        return self._t.TaskServer.status_args(claim=claim)
+        return self._t.TaskServer.status_args(claim=claim, load=load)
 
     async def _heartbeat(self, conn: ThriftConnection) -> None:
         nonce: bytes | None = None
@@ -416,6 +437,9 @@ class ServerLink:
             if claimed:
                 self._on_claim_answer(getattr(st, "claim_error", None))
             self._on_status(st)
+            # An older server lists none; more than MAX_FRONTENDS entries are ignored.
+            self.frontends = reported_loads(getattr(st, "frontends", None))
+            self.frontends_s = now
             got_nonce = getattr(st, "claim_nonce", None)
             if nonce is None and type(got_nonce) is bytes and got_nonce and self.central:
                 nonce = got_nonce

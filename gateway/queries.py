@@ -120,6 +120,7 @@ class QueryRun:
         "t0",
         "t_last",
         "t_sent",
+        "timer",
     )
 
     def __init__(self, query_id: str, fanout: int, t0: float) -> None:
@@ -137,6 +138,8 @@ class QueryRun:
         self.failed = False
         self.expired = False
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.timer: asyncio.TimerHandle | None = None
+        """Its next deadline timer: at the SLO, then at SLO + grace (gateway.query_path)."""
 
     def complete(self, index: int, outcome: TaskOutcome, now: float = 0.0) -> None:
         """Record one task's outcome (``now``: when it arrived)."""

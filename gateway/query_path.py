@@ -222,6 +222,8 @@ class QueryPath:
         qid = f"{self._id_prefix}-{next(self._ids)}"
         run = QueryRun(qid, len(links), t0)
         run.group = RequestGroups.key(cls, links[0].pool, cost_ms)
+        if self.autoscaler is not None:
+            self.autoscaler.record_query(req.percentile, req.slo_ms, len(links), links[0].pool)
         self.groups.admitted(run.group, cost_ms, len(links), t0)
         self._inflight[qid] = run
         self.metrics.inflight.inc()
@@ -248,16 +250,19 @@ class QueryPath:
             run.t_sent = self.clock()
             if waits is not None:
                 self._arrived(links, (cls, len(links)), new, run.t_sent)
-            # Never later than SLO + grace: one timer per query resolves `done` if still open.
-            timeout_s = slo_deadline_s + self.config.grace_ms / 1000.0 - self.clock()
-            timer = asyncio.get_running_loop().call_later(max(timeout_s, 0.0), run.expire)
+            # Never later than SLO + grace: a timer at the SLO (which reports the violation,
+            # and with prune_late ends the query there), then one at SLO + grace.
+            run.timer = asyncio.get_running_loop().call_later(
+                max(slo_deadline_s - self.clock(), 0.0), self._slo_passed, run, links[0].pool
+            )
             try:
                 await run.done
             except asyncio.CancelledError:
                 self._abandon(run, links, "client went away")
                 raise
             finally:
-                timer.cancel()
+                if run.timer is not None:
+                    run.timer.cancel()
             if run.expired or run.failed:
                 dropped = any(o is not None and o.status == DROPPED for o in run.outcomes)
                 reason = (
@@ -443,6 +448,21 @@ class QueryPath:
         slack_ms = slo_ms - (self.clock() - t0) * 1000.0
         return meet_probability(rows.values(), slack_ms)
 
+    def _slo_passed(self, run: QueryRun, pool: str) -> None:
+        """The query is still running at its SLO: an SLA violation, which the autoscaler
+        hears at once (Swayam Algorithm 1, lines 4-5); with `prune_late` the query ends
+        now (line 6, request pruning), else at SLO + grace."""
+        if run.done.done():
+            return
+        if self.autoscaler is not None:
+            self.autoscaler.note_violation(pool)
+        if self.config.prune_late:
+            run.expire()
+        else:
+            run.timer = asyncio.get_running_loop().call_later(
+                self.config.grace_ms / 1000.0, run.expire
+            )
+
     def _abandon(self, run: QueryRun, links: list[TaskLink], reason: str) -> dict[str, int]:
         """Cancel every task of the query that has no outcome yet; how many, per pool."""
         timed_out = run.expired and run.query_id not in self._cut
@@ -505,7 +525,9 @@ class QueryPath:
             elif TIMEOUT in statuses:
                 outcome, code = QueryOutcome.TIMEOUT, "query_timeout"
                 message = (
-                    f"query not complete at SLO + grace "
+                    f"query not complete at its SLO ({req.slo_ms:g} ms): pruned (prune_late)"
+                    if self.config.prune_late
+                    else f"query not complete at SLO + grace "
                     f"({req.slo_ms:g} + {self.config.grace_ms:g} ms)"
                 )
             elif bad and all(o.status == REJECTED for o in bad):

@@ -22,7 +22,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from admission import AdmissionGate
+from admission import AdmissionGate, SwayamPolicy
 from gateway.autoscaling import AutoscalerLoop, make_actuator
 from gateway.cdf import CdfBook
 from gateway.config import GatewayConfig
@@ -167,6 +167,10 @@ class GatewayService:
         loop = AutoscalerLoop(self, cfg, actuator, self.clock)
         self.autoscaler = loop
         self.query.autoscaler = loop
+        policy = loop.policy
+        if isinstance(policy, SwayamPolicy):
+            # Swayam §4.4: the pool routes by its ordered prefix of policy.in_use backends.
+            self.targets.prefix[cfg.pool] = lambda: policy.in_use
         start = cfg.min_replicas if initial is None else initial
         await loop.actuator.scale_to(min(max(start, cfg.min_replicas), cfg.max_replicas))
         loop.start()

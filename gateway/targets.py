@@ -4,6 +4,14 @@ A query names explicit servers, or a pool with ``fanout`` k (k random servers, o
 with ``pick = "least-wait"`` the k with the smallest estimated queue wait), ``all``
 or ``per_cluster`` k (k random servers from each cluster); ``cluster`` narrows a pool pick
 to one cluster and ``exclude_cluster`` leaves one out. Random picks prefer live servers.
+
+A pool scaled by Swayam routes by its ordered backend prefix (Swayam §4.4, Algorithm 1
+lines 1 and 8-10): every gateway orders the pool's live servers the same way
+(`admission.backend_order`: natural order of their ids, which the local actuator numbers in
+start order and a StatefulSet by pod ordinal) and sends ``fanout`` k only to k random
+servers among the first max(n, k), n being its policy's backends in use. The servers beyond
+the prefix get no new task, go idle and retire after their idle timeout (passive scale-in);
+a new server enters the prefix only once its link is up (warm).
 """
 
 from __future__ import annotations
@@ -11,6 +19,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Mapping
 
+from admission import backend_order
 from gateway.config import GatewayConfig
 from gateway.errors import BadRequest, Unavailable
 from gateway.links import TaskLink
@@ -41,6 +50,8 @@ class TargetPicker:
         }
         """Pool -> cluster -> member ids; a declared cluster stays known while it has none."""
         self._declared = {p.name: frozenset(p.clusters) for p in config.pools}
+        self.prefix: dict[str, Callable[[], int]] = {}
+        """Pools routed by their ordered backend prefix (Swayam): pool -> n in use now."""
 
     # -- membership ---------------------------------------------------------
     def join(self, link: TaskLink) -> None:
@@ -98,9 +109,30 @@ class TargetPicker:
                 f"fanout {t.fanout} exceeds the {len(members)} servers of {scope}",
                 field="targets.fanout",
             )
+        in_use = self.prefix.get(t.pool)
+        if in_use is not None and t.cluster is None and t.exclude_cluster is None:
+            return self._ordered(members, t.fanout, in_use())
         if t.pool in self._least_wait and self.wait_of is not None:
             return self._least(members, t.fanout)
         return self._sample(members, t.fanout)
+
+    def _ordered(self, members: list[str], k: int, n: int) -> list[TaskLink]:
+        """k random servers among the first max(n, k) live ones in backend order (Swayam's
+        random dispatch within the prefix B_1..B_n); down ones only if too few are live."""
+        live = [s for s in members if self.links[s].is_up]
+        if len(live) < k:
+            return self._sample(members, k)
+        prefix = backend_order(live)[: max(n, k)]
+        return [self.links[s] for s in self.rng.sample(prefix, k)]
+
+    def prefix_view(self, pool: str) -> list[str] | None:
+        """The pool's live servers in backend order, the prefix in use first (None: the pool
+        is not routed by prefix)."""
+        in_use = self.prefix.get(pool)
+        if in_use is None:
+            return None
+        live = [s for s in self.pool_members.get(pool, []) if self.links[s].is_up]
+        return backend_order(live)[: in_use()]
 
     def _least(self, members: list[str], k: int) -> list[TaskLink]:
         """The k live servers with the smallest estimated wait (QLM's load balancing across

@@ -6,7 +6,9 @@ clock), queues the task by policy, serves ``slots`` tasks at once and sends
 each result back on the connection the task came from, with durations only.
 Told to stop, it drains (taskserver.lifecycle): every task it took gets an
 outcome. A gateway that holds this server's queue claims it on its heartbeat
-(taskserver.ownership), and tasks from any other gateway are then refused.
+(taskserver.ownership), and tasks from any other gateway are then refused. Each gateway's
+heartbeat may carry its local request rate; the reply lists every rate heard, so gateway
+replicas agree on the global rate (taskserver.frontends, Swayam §4.2).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from taskserver.config import TaskServerConfig
 from taskserver.executors import EmulatedExecutor, Executor, ExecutorError, TaskDropped
 from taskserver.exposition import Reply, Route, start_http
 from taskserver.framecheck import IMPLEMENTATION as FRAMECHECK
+from taskserver.frontends import FRONTEND_HORIZON_S, FrontendRates, load_problem
 from taskserver.lifecycle import drain_and_leave, register_forever, retire_when_idle
 from taskserver.messages import claim_problem, task_identity_problem, task_problem
 from taskserver.ownership import NONCE_BYTES, OwnerLease, proof_matches
@@ -117,6 +120,7 @@ class TaskService:
         task_grace_s: float = 2.0,
         max_task_s: float = 300.0,
         limits: WireLimits = DEFAULT_LIMITS,
+        frontend_horizon_s: float = FRONTEND_HORIZON_S,
     ) -> None:
         self.server_id = server_id
         self.queue = queue
@@ -149,6 +153,10 @@ class TaskService:
         """The gateway that owns this server's slots (central queueing), if any."""
         self._peers: dict[ThriftConnection, str] = {}
         """Connection -> the id of the gateway that claimed this server on it."""
+        self.frontends = FrontendRates(frontend_horizon_s)
+        """The gateways that reported their request rate with a heartbeat, and their rates."""
+        self._reporters: dict[ThriftConnection, str] = {}
+        """Connection -> the gateway id its last heartbeat reported a rate for."""
         self._stop_reason: str | None = None
         """Set when running tasks are given up (drain timeout, stop): their error."""
         self._idle_waiters: list[asyncio.Future[None]] = []
@@ -170,6 +178,9 @@ class TaskService:
             self._conns.discard(conn)
             self._nonces.pop(conn, None)
             self._drop_tasks_of(conn)
+            reporter = self._reporters.pop(conn, None)
+            if reporter is not None and reporter not in self._reporters.values():
+                self.frontends.forget(reporter)  # its last connection closed: it is gone
             gateway_id = self._peers.pop(conn, None)
             if gateway_id is not None and gateway_id not in self._peers.values():
                 # The owner's last connection closed: a standby may take over at once.
@@ -228,7 +239,7 @@ class TaskService:
         if mtype != CALL:
             raise ProtocolViolation("bad_message", f"{name} is a two-way call, sent as oneway")
         if name == "status":
-            conn.reply(name, seqid, self.status(conn, body.claim))
+            conn.reply(name, seqid, self.status(conn, body.claim, body.load))
         elif name == "ping":
             conn.reply(name, seqid, body.token if type(body.token) is str else "")
         elif name == "pipeline_state":
@@ -505,8 +516,11 @@ class TaskService:
                 inbound.conn, inbound.task, 2, inbound.received_s, now, 0.0, False, error=reason
             )
 
-    def status(self, conn: ThriftConnection | None = None, claim: Any = None) -> Any:
-        """The ServerStatus struct; a gateway's ownership claim on `conn` is handled first.
+    def status(
+        self, conn: ThriftConnection | None = None, claim: Any = None, load: Any = None
+    ) -> Any:
+        """The ServerStatus struct; a gateway's ownership claim and its reported load on
+        `conn` are taken first.
 
         The owner is named only to a connection that proved the token (and by a server
         without one): a refused claim learns nothing about who holds the server.
@@ -519,6 +533,8 @@ class TaskService:
                 nonce = self._nonces[conn] = os.urandom(NONCE_BYTES)
             if claim is not None:
                 claim_error = self._claim(conn, claim, nonce, now)
+            if load is not None:
+                self._take_load(conn, load, now)
         owner = self.lease.holder(now)
         if conn is not None and self.token is not None and conn not in self._peers:
             owner = None
@@ -536,7 +552,45 @@ class TaskService:
             owner_lease_ms=None if owner is None else self.lease.remaining_s(now) * 1000.0,
             claim_nonce=nonce,
             claim_error=claim_error,
+            frontends=self._frontend_loads(now),
         )
+
+    def _take_load(self, conn: ThriftConnection, load: Any, now: float) -> None:
+        """Keep a gateway's reported request rate (Swayam §4.2's gossip, on the heartbeat).
+
+        One gateway per connection: a connection that reports another id replaces its old
+        entry, so a peer cannot fill the table through one socket. A bad report is ignored.
+        """
+        gateway_id, rate = getattr(load, "gateway_id", None), getattr(load, "rate_per_s", None)
+        problem = load_problem(gateway_id, rate)
+        if problem is not None:
+            self._throttled.warning(
+                "load", now, "server %s: ignored a load report: %s", self.server_id, problem
+            )
+            return
+        before = self._reporters.get(conn)
+        if before is not None and before != gateway_id:
+            self._reporters.pop(conn)
+            if before not in self._reporters.values():
+                self.frontends.forget(before)
+        if self.frontends.heard(gateway_id, rate, now):
+            self._reporters[conn] = gateway_id
+        else:
+            self._throttled.warning(
+                "load_full",
+                now,
+                "server %s: ignored gateway %s's load: %d gateways already report theirs",
+                self.server_id,
+                gateway_id,
+                self.frontends.max_frontends,
+            )
+
+    def _frontend_loads(self, now: float) -> list[Any] | None:
+        """The rates heard within the horizon, as ServerStatus.frontends (None: none)."""
+        rates = self.frontends.rates(now)
+        if not rates:
+            return None
+        return [self._t.FrontendLoad(gid, rate) for gid, rate in rates.items()]
 
     def _claim(self, conn: ThriftConnection, claim: Any, nonce: bytes, now: float) -> str | None:
         """A gateway claims this server's slots (taskserver.ownership); why not, if refused."""

@@ -56,6 +56,14 @@ struct TaskResult {
   9: optional string error,
 }
 
+// One gateway's local request rate for the server's pool (Swayam 4.2's lambda_i, in tasks
+// per second of the pool), sent with its heartbeat; listed back to every gateway, so each
+// can sum them into the global rate lambda (taskserver/frontends.py).
+struct FrontendLoad {
+  1: required string gateway_id,
+  2: required double rate_per_s,
+}
+
 struct ServerStatus {
   1: required string server_id,
   2: required string policy,
@@ -77,6 +85,9 @@ struct ServerStatus {
   // Why the claim sent with this call was refused; absent when it was granted
   // or none was sent. It never names the current owner.
   13: optional string claim_error,
+  // The latest rate this server heard from each gateway (the caller's own included)
+  // within its horizon; at most 64 entries. Absent when no gateway sent one.
+  14: optional list<FrontendLoad> frontends,
 }
 
 // A gateway that keeps a central queue for this server claims its slots: one
@@ -100,8 +111,9 @@ service TaskServer {
   // the reply's `owner` says who holds it (a server that predates claims
   // ignores the argument and names no owner). submit, submit_batch and cancel
   // are oneway: sent as CALLs they are answered with a TApplicationException
-  // and not carried out.
-  ServerStatus status(1: optional OwnerClaim claim),
+  // and not carried out. With `load`, the gateway reports its local request rate
+  // (a server that predates it ignores the argument and lists no frontends).
+  ServerStatus status(1: optional OwnerClaim claim, 2: optional FrontendLoad load),
   string ping(1: string token),
   // A pipeline stage's module states (JSON: {"pipeline", "states": [...]}) for
   // the stage before it, which polls at most once per second (PARD state

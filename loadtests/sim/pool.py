@@ -17,6 +17,10 @@ once per interval, with the same policy objects the gateway runs:
   eq. (4) with k_f = 1); a step up starts only the backends it needs beyond those started
   (warm ones outside the routable set count); a step down stops routing to the last backend,
   which then retires once idle.
+- ``static``: the always-over-provisioned baseline: from the start, the backends Swayam's
+  model asks for at the trace's peak rate (times U), never scaled.
+
+`bursty_trace` draws a rate trace with bursts from a seed (the experiments' traces).
 """
 
 from __future__ import annotations
@@ -137,6 +141,8 @@ class PoolResult:
     backend_seconds: float = 0.0
     """Time integral of backends started and not retired (warming ones included)."""
     miss_ratio: float = 0.0
+    predictions: list[tuple[float, float]] = field(default_factory=list)
+    """swayam: (decision time s, the rate it predicted for that time + t_setup, per s)."""
 
     def compliance(self, scn: PoolScenario) -> float:
         """Fraction of consecutive windows of requests whose p-th response time meets target."""
@@ -171,10 +177,58 @@ def _arrivals(scn: PoolScenario, rng: random.Random) -> list[float]:
             out.append(t)
 
 
+POLICIES = ("swayam", "threshold", "static")
+"""How the pool is scaled (see the module doc)."""
+
+
+def bursty_trace(
+    seed: int,
+    *,
+    duration_s: float = 600.0,
+    mean_gap_s: float = 90.0,
+    peak: tuple[float, float] = (1.5, 3.0),
+    hold_s: tuple[float, float] = (10.0, 40.0),
+    ramp_s: tuple[float, float] = (1.0, 8.0),
+    drift: float = 0.2,
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """A piecewise-linear rate trace (corner times s, multipliers) with bursts, from a seed.
+
+    The base multiplier wanders by up to ±`drift` between bursts (a corner every ~30 s);
+    bursts start after exponential gaps of mean `mean_gap_s`, ramp up over a uniform
+    `ramp_s` to a uniform `peak` times the base, hold for a uniform `hold_s`, and ramp down
+    as fast. The shapes of Swayam's production traces (sudden bursts over a slowly varying
+    base) without their data.
+    """
+    rng = random.Random(seed)
+    times, rates = [0.0], [1.0]
+    t = 0.0
+    next_burst = rng.expovariate(1.0 / mean_gap_s)
+    while t < duration_s:
+        if next_burst < t + 30.0:
+            t = next_burst
+            base = rates[-1]
+            up, hold, down = (rng.uniform(*ramp_s), rng.uniform(*hold_s), rng.uniform(*ramp_s))
+            top = base * rng.uniform(*peak)
+            for dt, r in ((0.0, base), (up, top), (hold, top), (down, base)):
+                t += dt
+                times.append(t)
+                rates.append(r)
+            next_burst = t + rng.expovariate(1.0 / mean_gap_s)
+        else:
+            t += 30.0
+            times.append(t)
+            rates.append(min(max(rates[-1] + rng.uniform(-drift, drift) / 2, 1 - drift), 1 + drift))
+    keep = [i for i, x in enumerate(times) if x <= duration_s]
+    times = [times[i] for i in keep] + ([duration_s] if times[keep[-1]] < duration_s else [])
+    rates = [rates[i] for i in keep] + ([rates[keep[-1]]] if len(times) > len(keep) else [])
+    # Corners at equal times (a zero-length ramp) are kept in order: np.interp takes the last.
+    return tuple(times), tuple(rates)
+
+
 def simulate_pool(scn: PoolScenario, policy: str) -> PoolResult:
-    """Run the trace under `swayam` or `threshold` autoscaling."""
-    if policy not in ("swayam", "threshold"):
-        raise ValueError(f"policy: must be 'swayam' or 'threshold', got {policy!r}")
+    """Run the trace under `swayam` or `threshold` autoscaling, or `static` provisioning."""
+    if policy not in POLICIES:
+        raise ValueError(f"policy: must be one of {', '.join(POLICIES)}, got {policy!r}")
     rng = random.Random(scn.seed)
     arrivals = _arrivals(scn, rng)
     service = sample_service_ms(
@@ -194,6 +248,9 @@ def simulate_pool(scn: PoolScenario, policy: str) -> PoolResult:
         "dispatch": "central",
     }
     start_n = estimate_backends(scn.rate_at(0.0), quantiles, **model).backends
+    if policy == "static":
+        peak = scn.base_rate_per_s * max(scn.trace_rate)
+        start_n = estimate_backends(peak, quantiles, **model).backends
     backends: list[_Backend] = []
 
     def add_backend(now_s: float, ready_s: float) -> None:
@@ -235,6 +292,7 @@ def simulate_pool(scn: PoolScenario, policy: str) -> PoolResult:
     waiting: deque[int] = deque()
     arrived_in_interval = 0
     misses = 0
+    predictions: list[tuple[float, float]] = []
 
     def start(b: _Backend, i: int, t: float) -> None:
         nonlocal misses
@@ -290,6 +348,9 @@ def simulate_pool(scn: PoolScenario, policy: str) -> PoolResult:
                 add_backend(now_s, now_s + scn.setup_s)
             if d.delta:
                 actions.append({"time_s": now_s, "delta": d.delta, "reason": d.reason})
+            predictions.append((now_s, swayam.predictor.predict(now_s, scn.setup_s)))
+        elif policy == "static":
+            pass
         elif window.count(now_s) >= scn.window_tasks // 4:
             ratio = window.ratio(now_s)
             d = threshold.decide(ratio, target_n, now_s)
@@ -333,6 +394,7 @@ def simulate_pool(scn: PoolScenario, policy: str) -> PoolResult:
         actions,
         backend_seconds=seconds,
         miss_ratio=misses / max(1, len(arrivals)),
+        predictions=predictions,
     )
 
 

@@ -21,6 +21,7 @@ from loadtests.sim import (
     pard_experiments,
     qlm_experiments,
     request_experiments,
+    swayam_experiments,
     tenant_experiments,
 )
 from loadtests.sim.experiments import (
@@ -49,6 +50,7 @@ MODULES = (
     ladder_experiments,
     request_experiments,
     tenant_experiments,
+    swayam_experiments,
     pard_experiments,
 )
 """Every module that defines experiments, in the order `sim experiment list` shows them."""

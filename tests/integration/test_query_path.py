@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
+from typing import Any
 
 import aiohttp
 import pytest
@@ -208,10 +209,10 @@ async def test_hung_server_is_marked_down_by_heartbeat_and_the_query_fails(
     await wait_until(lambda s: s["state"] == "up", http, gw, "ts-1")
 
 
-async def test_query_past_slo_plus_grace_gets_504_and_is_cancelled(
-    cluster: Cluster, http: aiohttp.ClientSession
-) -> None:
-    gw = cluster.gateway("[gateway]\ngrace_ms = 200\n")
+async def _slow_query(
+    cluster: Cluster, http: aiohttp.ClientSession, gw: Any
+) -> tuple[int, dict, float]:
+    """One server; a 5 s task under a 300 ms SLO: (status, body, seconds to the answer)."""
     await _servers(cluster, http, gw, 1, "--slots", "1")
     t0 = time.monotonic()
     status, body, _ = await query(
@@ -223,7 +224,14 @@ async def test_query_past_slo_plus_grace_gets_504_and_is_cancelled(
             "task": {"service_ms": 5_000},
         },
     )
-    elapsed = time.monotonic() - t0
+    return status, body, time.monotonic() - t0
+
+
+async def test_query_past_slo_plus_grace_gets_504_and_is_cancelled(
+    cluster: Cluster, http: aiohttp.ClientSession
+) -> None:
+    gw = cluster.gateway("[gateway]\ngrace_ms = 200\n")
+    status, body, elapsed = await _slow_query(cluster, http, gw)
     assert status == 504, body
     assert 0.45 <= elapsed < 2.0
     assert body["tasks"][0]["status"] == "timeout"
@@ -235,6 +243,18 @@ async def test_query_past_slo_plus_grace_gets_504_and_is_cancelled(
     )
     assert status == 200, body
     assert body["latency_ms"] < 100
+
+
+async def test_prune_late_answers_a_query_still_running_at_its_slo_at_once(
+    cluster: Cluster, http: aiohttp.ClientSession
+) -> None:
+    # Swayam's request pruning: no waiting for the grace (here 5 s).
+    gw = cluster.gateway("[gateway]\ngrace_ms = 5000\nprune_late = true\n")
+    status, body, elapsed = await _slow_query(cluster, http, gw)
+    assert status == 504, body
+    assert 0.25 <= elapsed < 1.5, elapsed
+    assert "pruned" in body["error"]["message"]
+    assert body["tasks"][0]["status"] == "timeout"
 
 
 async def test_a_timeout_beside_finished_siblings_still_answers_json(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from types import SimpleNamespace
 
 import pytest
@@ -177,3 +179,35 @@ def test_the_swayam_loop_models_the_queueing_of_its_pool(queueing: str, dispatch
     loop = AutoscalerLoop(SimpleNamespace(config=config), scaling, None, lambda: 0.0)  # type: ignore[arg-type]
     assert isinstance(loop.policy, SwayamPolicy)
     assert loop.policy.dispatch == dispatch
+
+
+async def test_an_sla_violation_makes_the_swayam_loop_decide_at_once() -> None:
+    scaling = AutoscalingConfig(policy="swayam", pool="edge", interval_s=30.0)
+    config = GatewayConfig(pools=[PoolConfig(name="edge")], autoscaling=scaling)
+    clock = [0.0]
+    loop = AutoscalerLoop(SimpleNamespace(config=config), scaling, None, lambda: clock[0])  # type: ignore[arg-type]
+    ticks: list[float] = []
+
+    async def tick() -> None:
+        ticks.append(clock[0])
+
+    loop.tick = tick  # type: ignore[method-assign]
+    loop.record_query(99.0, 100.0, 8, "edge")
+    loop.record_query(99.0, 100.0, 8, "other")  # another pool's: not this loop's group
+    assert loop._recent_groups(0.0) == [(99.0, 100.0, 8)]
+    runner = asyncio.create_task(loop._run())
+    try:
+        await asyncio.sleep(0.01)
+        assert ticks == []  # the period is 30 s
+        loop.note_violation("other")
+        await asyncio.sleep(0.01)
+        assert ticks == []
+        loop.note_violation("edge")
+        await asyncio.sleep(0.05)
+        assert len(ticks) == 1 and loop.policy.violations == 1
+    finally:
+        runner.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await runner
+    # Groups unseen for longer than the predictor's history are forgotten.
+    assert loop._recent_groups(loop.policy.predictor.history_s + 1.0) == []  # type: ignore[union-attr]

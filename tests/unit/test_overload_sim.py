@@ -3,6 +3,7 @@ model, phased arrivals and the pool autoscaling simulator."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import replace
 from pathlib import Path
@@ -174,3 +175,42 @@ def test_pool_scenarios_load_and_bad_ones_name_the_key(tmp_path: Path) -> None:
         load_pool_scenario(bad)
     with pytest.raises(ValueError, match="trace_rate"):
         replace(small_pool(), trace_rate=(1.0,))
+
+
+def test_static_provisioning_holds_the_peak_backends_and_never_scales() -> None:
+    scn = small_pool()
+    static, swayam = simulate_pool(scn, "static"), simulate_pool(scn, "swayam")
+    warm = {p["warm"] for p in static.timeline}
+    assert len(warm) == 1 and not static.actions  # the same backends throughout
+    assert warm.pop() >= max(p["warm"] for p in swayam.timeline[:5])
+    assert static.backend_seconds > swayam.backend_seconds
+    assert static.compliance(scn) >= swayam.compliance(scn)
+    assert static.predictions == [] and swayam.predictions
+
+
+def test_bursty_traces_repeat_per_seed_and_burst() -> None:
+    from loadtests.sim.pool import bursty_trace
+
+    a, b, c = bursty_trace(1), bursty_trace(1), bursty_trace(2)
+    assert a == b and a != c
+    times, rates = a
+    assert times[0] == 0.0 and times[-1] == 600.0 and list(times) == sorted(times)
+    assert len(times) == len(rates)
+    rises = [r2 / r1 for r1, r2 in itertools.pairwise(rates) if r2 > 1.4 * r1]
+    assert rises and all(1.5 <= x <= 3.0 + 1e-9 for x in rises)
+    PoolScenario(service=ServiceSpec(kind="exponential", mean_ms=1.0), trace_s=times,
+                 trace_rate=rates)  # fmt: skip
+
+
+def test_prediction_error_pairs_each_prediction_with_the_rate_that_came() -> None:
+    from types import SimpleNamespace
+
+    from loadtests.sim.swayam_experiments import prediction_error
+
+    result = SimpleNamespace(
+        timeline=[{"time_s": float(t), "rate_per_s": 100.0 * (t + 1)} for t in range(6)],
+        predictions=[(0.0, 300.0), (1.0, 200.0), (4.0, 999.0)],  # the last one: past the end
+    )
+    pairs, mape = prediction_error(result, setup_s=2.0)
+    assert pairs == [(2.0, 300.0, 300.0), (3.0, 200.0, 400.0)]
+    assert mape == pytest.approx(0.25)

@@ -307,3 +307,43 @@ def test_backend_order_is_natural_and_independent_of_input_order() -> None:
 def test_backend_order_refuses_repeated_ids() -> None:
     with pytest.raises(PolicyValueError, match="'ts-1'"):
         backend_order(["ts-1", "ts-2", "ts-1"])
+
+
+def test_task_targets_give_each_group_its_own_slo_at_its_fanouts_percentile() -> None:
+    from admission.swayam import task_targets
+
+    got = task_targets([(99.0, 100.0, 1), (99.0, 100.0, 10), (95.0, 1000.0, 4)])
+    # P(query <= T) = P(task <= T)^k: a p99 query of fanout 10 needs each task at
+    # 100 * 0.99^(1/10) = 99.8995; the widest fanout of a (p, SLO) pair is the binding one.
+    assert got == [
+        (pytest.approx(100 * 0.95**0.25), 1000.0),
+        (pytest.approx(100 * 0.99**0.1), 100.0),
+    ]
+    with pytest.raises(PolicyValueError, match="fanout"):
+        task_targets([(99.0, 100.0, 0)])
+
+
+def test_groups_replace_the_tightest_slo_applied_to_every_task() -> None:
+    service = [10.0] * 100  # a constant 10 ms service
+    policy = SwayamPolicy(setup_s=0.0, burst=1.0, percentile=99.0, target_ms=12.0,
+                          max_backends=500)  # fmt: skip
+    for t in range(5):
+        policy.observe(float(t), 2000.0, service)
+    tight = policy.decide(5.0, 1).replicas
+    # Only a loose class (p95, 200 ms) is arriving: its tasks need far fewer backends than
+    # the tightest class's 12 ms at p99.
+    policy.set_groups([(95.0, 200.0, 1)])
+    loose = SwayamPolicy(setup_s=0.0, burst=1.0, percentile=99.0, target_ms=12.0,
+                         max_backends=500)  # fmt: skip
+    loose.set_groups([(95.0, 200.0, 1)])
+    for t in range(5):
+        loose.observe(float(t), 2000.0, service)
+    assert loose.decide(5.0, 1).replicas < tight
+    # A wide fanout of the same class needs more than a single task.
+    wide = SwayamPolicy(setup_s=0.0, burst=1.0, percentile=99.0, target_ms=12.0,
+                        max_backends=500)  # fmt: skip
+    wide.set_groups([(95.0, 200.0, 1), (95.0, 30.0, 50)])
+    for t in range(5):
+        wide.observe(float(t), 2000.0, service)
+    assert wide.decide(5.0, 1).replicas > loose.decide(5.0, 1).replicas
+    assert wide.snapshot(5.0)["task_targets"][0]["target_ms"] == 30.0

@@ -214,3 +214,27 @@ def test_a_least_wait_pool_picks_the_servers_with_the_smallest_estimated_wait() 
     assert [lk.server_id for lk in picker.pick(q.targets)] == ["c", "b", "d"]
     with pytest.raises(ValueError, match="pick"):
         PoolConfig(name="x", pick="fastest")
+
+
+def test_a_swayam_pool_routes_only_to_its_ordered_prefix() -> None:
+    ids = {f"ts-{i}": None for i in (10, 2, 1, 3, 11, 4)}  # registered out of order
+    picker = make_picker(ids, pool="default", down=("ts-2",))
+    in_use = [3]
+    picker.prefix["default"] = lambda: in_use[0]
+    seen: Counter[str] = Counter()
+    for _ in range(300):
+        seen.update(pick(picker, {"pool": "default", "fanout": 2}))
+    # Backend order is the natural order of the live ids: ts-1, ts-3, ts-4, ts-10, ts-11;
+    # the prefix of 3 takes every task, and the rest go idle (passive scale-in).
+    assert set(seen) == {"ts-1", "ts-3", "ts-4"}
+    assert picker.prefix_view("default") == ["ts-1", "ts-3", "ts-4"]
+    in_use[0] = 1  # fewer in use than the fanout: the prefix widens to k
+    assert set(pick(picker, {"pool": "default", "fanout": 2})) == {"ts-1", "ts-3"}
+    in_use[0] = 5
+    seen.clear()
+    for _ in range(300):
+        seen.update(pick(picker, {"pool": "default", "fanout": 1}))
+    assert set(seen) == {"ts-1", "ts-3", "ts-4", "ts-10", "ts-11"}
+    # `all` still means every server of the pool.
+    assert len(pick(picker, {"pool": "default", "all": True})) == 6
+    assert make_picker(ids, pool="default").prefix_view("default") is None
