@@ -125,7 +125,12 @@ class LocalActuator(Actuator):
         return {s.server_id: s.proc.pid for s in self._servers}
 
     async def replicas(self) -> int:
-        """Task-server processes started here that are still running."""
+        """Task-server processes started here that are still running; one that exited on
+        its own (an idle server retiring, Swayam's passive scale-in) is deregistered and
+        forgotten first, so the gateway does not keep it as a server that is down."""
+        async with self._lock:
+            if not self._closed:
+                await self._reap()
         return sum(1 for s in self._servers if s.proc.returncode is None)
 
     async def scale_to(self, replicas: int) -> int:
@@ -190,7 +195,9 @@ class LocalActuator(Actuator):
         """Forget processes that exited on their own (crash, idle self-decommission)."""
         dead = [s for s in self._servers if s.proc.returncode is not None]
         for s in dead:
-            log.warning(
+            # Status 0: it retired itself (idle); anything else: it failed.
+            log.log(
+                logging.INFO if s.proc.returncode == 0 else logging.WARNING,
                 "%s: task server %s exited on its own (status %s)",
                 self.name,
                 s.server_id,

@@ -159,6 +159,7 @@ def cmd_taskserver(args: argparse.Namespace) -> int:
         ("seed", "seed"),
         ("idle_exit_s", "idle_exit_s"),
         ("drain_timeout_s", "drain_timeout_s"),
+        ("reject_when_busy", "reject_when_busy"),
     ):
         value = getattr(args, attr, None)
         if value is not None:
@@ -679,6 +680,13 @@ def build_parser(*, light: bool = False) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--drain-timeout-s", type=float, help="on SIGTERM, finish queued tasks this long (3)"
+    )
+    p.add_argument(
+        "--reject-when-busy",
+        action="store_true",
+        default=None,
+        help="queue nothing: a task that finds every slot busy goes back REJECTED with an "
+        "error starting 'busy:', for a gateway pool with dispatch = \"retry\" (Swayam §4.5)",
     )
     p.add_argument(
         "--exit-with-parent",

@@ -77,8 +77,13 @@ class AutoscalerLoop:
                 # The gateway's queue hands a task to the first free server (M/M/n), where
                 # server queueing is Swayam's random dispatch with retries.
                 dispatch="central" if pool is not None and pool.queueing == "central" else "retry",
+                retry_delay_ms=pool.retry_delay_ms if pool is not None else 1.0,
+                history_s=config.history_s,
             )
         self.tasks_seen = 0
+        self.tasks_offered = 0
+        """Tasks of the queries that arrived for the pool, admitted or not: Swayam's request
+        rate is the demand at the front end, not what admission let through."""
         self.last_error = ""
         self.actions: deque[dict[str, Any]] = deque(maxlen=100)
         self.decisions: Counter[str] = Counter()
@@ -105,6 +110,11 @@ class AutoscalerLoop:
         if pool == self.config.pool:
             self.window.record(missed, self.clock())
             self.tasks_seen += 1
+
+    def record_arrival(self, fanout: int, pool: str) -> None:
+        """A query arrived for the pool (before admission): its tasks count in the rate."""
+        if pool == self.config.pool:
+            self.tasks_offered += fanout
 
     def record_query(self, percentile: float, slo_ms: float, fanout: int, pool: str) -> None:
         """A query dispatched on the pool: its request group, for Swayam's per-group task
@@ -165,8 +175,8 @@ class AutoscalerLoop:
         else:
             ratio = self.window.ratio(now)
             elapsed = max(now - self._last_tick, 1e-9)
-            rate = (self.tasks_seen - self._tasks_at_tick) / elapsed
-            self._last_tick, self._tasks_at_tick = now, self.tasks_seen
+            rate = (self.tasks_offered - self._tasks_at_tick) / elapsed
+            self._last_tick, self._tasks_at_tick = now, self.tasks_offered
             global_rate = self._share_rate(now, rate)
             quantiles = self._service_quantiles()
             groups = self._recent_groups(now)

@@ -61,6 +61,12 @@ class ServerEntry:
             check_cluster_name(self.cluster)
 
 
+DISPATCHES = ("queue", "retry")
+"""A pool's `dispatch` values: queue at the server, or Swayam's random dispatch with retries."""
+MAX_RETRY_DELAY_MS = 60_000.0
+"""Largest Δ a pool may set: a retry later than this is past any SLO worth keeping."""
+
+
 def _default_prior() -> ServiceSpec:
     return ServiceSpec(kind="exponential", mean_ms=2.0)
 
@@ -93,10 +99,29 @@ class PoolConfig:
     """How `fanout: k` picks k servers: `random`, or `least-wait`: the k with the smallest
     estimated queue wait for a task joining the back of their queue (QLM's load balancing;
     ties to the faster server, then at random)."""
+    dispatch: str = "queue"
+    """`queue`: a task waits for a slot in its server's queue (or the gateway's, central);
+    `retry`: Swayam's random dispatch with retries (§4.5): servers started with
+    `--reject-when-busy` send back a task they have no free slot for, and the gateway sends
+    it to another random server of the pool after `retry_delay_ms` (server queueing only)."""
+    retry_delay_ms: float = 1.0
+    """Δ of a `retry` pool: the least time between two tries of one task (Swayam §4.5, eq. (1)),
+    so that a burst of refusals under overload does not become a storm of messages."""
 
     def __post_init__(self) -> None:
         if not self.name:
             raise ValueError("name: must not be empty")
+        if self.dispatch not in DISPATCHES:
+            raise ValueError(f"dispatch: must be 'queue' or 'retry', got {self.dispatch!r}")
+        if self.dispatch == "retry" and self.queueing != "server":
+            raise ValueError(
+                f"dispatch: 'retry' needs queueing = 'server' (a central queue sends a task "
+                f"only into a free slot, so no server refuses it), got queueing {self.queueing!r}"
+            )
+        if not 0 <= self.retry_delay_ms <= MAX_RETRY_DELAY_MS:
+            raise ValueError(
+                f"retry_delay_ms: must be in 0..{MAX_RETRY_DELAY_MS:g}, got {self.retry_delay_ms}"
+            )
         if self.pick not in ("random", "least-wait"):
             raise ValueError(f"pick: must be 'random' or 'least-wait', got {self.pick!r}")
         if self.queueing not in ("server", "central"):
@@ -155,6 +180,8 @@ class AutoscalingConfig:
     """Swayam: burst factor U over the predicted rate."""
     idle_s: float = 60.0
     """Swayam: a backend idle this long retires itself (passive scale-in)."""
+    history_s: float = 60.0
+    """Swayam: the rate regression's window (§4.2: a line through the recent rates)."""
 
     def __post_init__(self) -> None:
         if self.policy not in ("threshold", "swayam"):
@@ -178,6 +205,8 @@ class AutoscalingConfig:
             raise ValueError(f"k8s_kind: must be Deployment or StatefulSet, got {self.k8s_kind!r}")
         if self.burst < 1:
             raise ValueError(f"burst: must be >= 1, got {self.burst}")
+        if not (self.history_s > 0 and math.isfinite(self.history_s)):
+            raise ValueError(f"history_s: must be > 0, got {self.history_s}")
 
 
 def _default_classes() -> tuple[ClassConfig, ...]:

@@ -318,6 +318,13 @@ class GatewayMetrics:
             ["pool"],
             registry=registry,
         )
+        self.task_retries = Counter(
+            "tailgate_task_retries_total",
+            "Tries of a task on another server of its pool after a server refused it busy "
+            "(dispatch retry: Swayam's random dispatch with retries), by pool.",
+            ["pool"],
+            registry=registry,
+        )
         self.wire_violations = Counter(
             "tailgate_wire_violations_total",
             "Connections to task servers closed because the server broke the Thrift protocol, "

@@ -46,6 +46,12 @@ _TASK = {
             "description": "the queue wait estimated before dispatch (predictive admission or "
             "[gateway] wait_estimates); queue_ms is the actual one",
         },
+        "retries": {
+            "type": "integer",
+            "minimum": 1,
+            "description": "times a busy server sent the task back and another took it "
+            '(pools with dispatch = "retry"); absent when none',
+        },
     },
 }
 

@@ -66,6 +66,9 @@ class TaskOutcome:
     error: str | None = None
     estimated_wait_ms: float | None = None
     """The queue wait estimated for it before dispatch (QLM §6), when estimates were made."""
+    retries: int = 0
+    """Times it was sent to another server after one refused it busy (Swayam §4.5); its
+    timings are the last try's."""
 
     def to_json(self) -> dict[str, Any]:
         """The task's entry in the query answer."""
@@ -83,6 +86,8 @@ class TaskOutcome:
             out["error"] = self.error
         if self.estimated_wait_ms is not None:
             out["estimated_wait_ms"] = _ms(self.estimated_wait_ms)
+        if self.retries:
+            out["retries"] = self.retries
         return out
 
 
@@ -186,3 +191,6 @@ class PendingTask:
     """The allocation layer's flow it belongs to (its tenant or class; gateway.allocation)."""
     cost: float = 1.0
     """Its share of its query's cost (cost units: ms of server time), for the allocation."""
+    retries: int = 0
+    """Times a busy server sent it back and it went to another one (Swayam §4.5); the same
+    object travels, so `server_id` names the server that holds it now."""

@@ -8,7 +8,8 @@ callbacks (`on_result`, `on_failure`, `on_dequeue`), which feed the CDF book, th
 admission gate, the autoscaler and the metrics. Under the predictive admission rule (or
 with `wait_estimates`) each target's queue wait is estimated before dispatch
 (`gateway.waits`, QLM §6), kept on its task, and compared with the actual wait when the
-result comes back.
+result comes back. In a pool with ``dispatch = "retry"`` a task its server sends back busy
+is sent to another random server of the pool after the pool's Δ (`BusyRetry`, Swayam §4.5).
 
 Lifecycle: ``drain`` stops admitting (new queries get 503 ``draining``) and waits for the
 queries in flight, each of which already ends by its SLO plus the grace, so a stopping
@@ -54,10 +55,12 @@ from gateway.queries import (
     QueryRun,
     TaskOutcome,
 )
-from gateway.requests import QueryRequest
+from gateway.requests import QueryRequest, Targets
 from gateway.server_registry import ServerRegistry
+from gateway.targets import BusyRetry
 from gateway.tenants import SHARE_REASON, Tenants
 from gateway.waits import NewTask, largest_mean_ms, link_wait
+from taskserver.wire import TaskStatus
 
 GROUP_RATE_WINDOW_S = 10.0
 """GET /v1/groups: a group's arrival rate is weighted over this many seconds."""
@@ -103,6 +106,19 @@ class DrainReport:
     seconds: float
 
 
+@dataclass(slots=True)
+class _Placement:
+    """Where the tasks of a query of a retry pool are now, for re-dispatch."""
+
+    targets: Targets
+    links: list[TaskLink]
+    """links[i] holds task i now: the query's own list, which a retry updates in place, so
+    that cancelling the query reaches whichever server holds each task."""
+    tasks: list[PendingTask]
+    """The query's tasks by index (one object per task, whichever server holds it)."""
+    policy: BusyRetry
+
+
 class QueryPath:
     """Fans queries out over the registry's servers and answers them."""
 
@@ -127,6 +143,10 @@ class QueryPath:
         self.metrics = metrics
         self.autoscaler: AutoscalerLoop | None = None
         """Told every task's miss (set when the gateway enables autoscaling)."""
+        self._retry = {p.name: r for p in config.pools if (r := BusyRetry.of(p)) is not None}
+        """Pools with dispatch = "retry" -> their policy (Swayam §4.5)."""
+        self._placed: dict[str, _Placement] = {}
+        """Queries in flight on a retry pool, by id: where their tasks are."""
         self._ids = itertools.count(1)
         self._id_prefix = id_prefix
         self._inflight: dict[str, QueryRun] = {}
@@ -202,6 +222,8 @@ class QueryPath:
         t0 = self.clock() if t0 is None else t0
         cls = req.class_name or "custom"
         links = self.resolve(req)
+        if self.autoscaler is not None:
+            self.autoscaler.record_arrival(len(links), links[0].pool)
         plan = self.plan(req, links)
         down = [lk for lk in links if not lk.is_up]
         if down:
@@ -221,6 +243,10 @@ class QueryPath:
             waits = self.estimate_waits(links, new)
         qid = f"{self._id_prefix}-{next(self._ids)}"
         run = QueryRun(qid, len(links), t0)
+        retry = self._retry.get(req.targets.pool) if req.targets.pool is not None else None
+        placement = None
+        if retry is not None:
+            placement = self._placed[qid] = _Placement(req.targets, links, [], retry)
         run.group = RequestGroups.key(cls, links[0].pool, cost_ms)
         if self.autoscaler is not None:
             self.autoscaler.record_query(req.percentile, req.slo_ms, len(links), links[0].pool)
@@ -242,6 +268,8 @@ class QueryPath:
                     flow=flow,
                     cost=task_cost,
                 )
+                if placement is not None:
+                    placement.tasks.append(p)
                 try:
                     link.dispatch(p)
                 except LinkDown as exc:
@@ -281,6 +309,7 @@ class QueryPath:
                         self.metrics.saved_tasks.labels(pool).inc(n)
         finally:
             self._inflight.pop(qid, None)
+            self._placed.pop(qid, None)
             self.metrics.inflight.dec()
         return self._answer(req, run, plan, links)
 
@@ -467,11 +496,15 @@ class QueryPath:
         """Cancel every task of the query that has no outcome yet; how many, per pool."""
         timed_out = run.expired and run.query_id not in self._cut
         cancelled: dict[str, int] = {}
+        placed = self._placed.get(run.query_id)
         for i, link in enumerate(links):
             if run.outcomes[i] is None:
                 link.cancel_query(run.query_id)
                 status = TIMEOUT if timed_out else CANCELLED
-                run.outcomes[i] = TaskOutcome(link.server_id, status, error=reason)
+                outcome = TaskOutcome(link.server_id, status, error=reason)
+                if placed is not None and i < len(placed.tasks):
+                    outcome.retries = placed.tasks[i].retries
+                run.outcomes[i] = outcome
                 self.metrics.task_done(link.pool, status)
                 cancelled[link.pool] = cancelled.get(link.pool, 0) + 1
                 if run.group is not None:
@@ -603,6 +636,61 @@ class QueryPath:
         return waiting / slots
 
     def on_result(self, link: TaskLink, p: PendingTask, r: TaskReport, now: float) -> None:
+        """A task's result came back: record it; in a retry pool, a busy refusal sends the
+        task to another server instead (Swayam §4.5)."""
+        if r.status is TaskStatus.REJECTED and self._placed and self._retry_busy(link, p, r, now):
+            return
+        self._record(link, p, r, now)
+
+    def _retry_busy(self, link: TaskLink, p: PendingTask, r: TaskReport, now: float) -> bool:
+        """Whether this refusal is taken care of by a retry (or left to the SLO timer): a
+        busy refusal of a retry-pool task, before the SLO, with another server to try. The
+        refused try carries no service sample, so nothing of it reaches the CDF book, the
+        miss-ratio windows or the task counts."""
+        placed = self._placed.get(p.run.query_id)
+        if placed is None or p.run.done.done():
+            return False
+        decision = placed.policy.decide(r.error, now, p.slo_deadline_s)
+        if decision.action == "fail":
+            return False
+        used = {lk.server_id for lk in placed.links}
+        if self.targets.replacement(placed.targets, link, p.run.query_id, used) is None:
+            return False  # no other server can take it: the refusal stands, as today
+        if decision.action == "hold":
+            return True  # unplaced: the query ends at its SLO (_slo_passed)
+        asyncio.get_running_loop().call_later(
+            decision.at_s - now, self._redispatch, placed, p, link, r, now
+        )
+        return True
+
+    def _redispatch(
+        self, placed: _Placement, p: PendingTask, refused: TaskLink, r: TaskReport, at_s: float
+    ) -> None:
+        """Δ after `refused` sent task `p` back busy at `at_s`: send it to another random
+        server of its pool (Swayam §4.5). The link stamps the budgets left at send time
+        from the task's own t_D and SLO, so the retry carries what remains of them."""
+        run = p.run
+        if run.done.done() or run.outcomes[p.index] is not None:
+            return  # the query ended meanwhile (a sibling failed, timed out, cancelled)
+        if self.clock() >= p.slo_deadline_s:
+            return  # its SLO passed: the query ends as at its SLO (_slo_passed)
+        used = {lk.server_id for lk in placed.links}
+        new = self.targets.replacement(placed.targets, refused, run.query_id, used)
+        if new is None:  # the last one left took another task of the query meanwhile
+            self._record(refused, p, r, at_s)
+            return
+        p.retries += 1
+        p.server_id = new.server_id
+        p.est_wait_ms = None  # estimated for the server that refused it
+        placed.links[p.index] = new
+        self.metrics.task_retries.labels(new.pool).inc()
+        try:
+            new.dispatch(p)
+        except LinkDown as exc:
+            self.on_failure(new, p, LOST, str(exc))
+
+    def _record(self, link: TaskLink, p: PendingTask, r: TaskReport, now: float) -> None:
+        """A task's outcome: into the CDF book, the miss windows, the metrics and its query."""
         status = r.status.label
         if link.central:
             # The dequeue happened here, when the task was sent (TailGuard §III.C.2).
@@ -647,6 +735,7 @@ class QueryPath:
             r.result,
             r.error,
             p.est_wait_ms,
+            p.retries,
         )
         p.run.complete(p.index, outcome, now)
         if p.run.group is not None:
@@ -659,7 +748,10 @@ class QueryPath:
             self.tenants.note_task(p.flow, bool(p.missed_deadline), p.class_name)
 
     def on_failure(self, link: TaskLink, p: PendingTask, status: str, reason: str) -> None:
+        """A task ended without a result (its server was lost, a bad result, a rejection in
+        the link's own queue)."""
         self.metrics.task_done(link.pool, status)
-        p.run.complete(p.index, TaskOutcome(link.server_id, status, error=reason), self.clock())
+        outcome = TaskOutcome(link.server_id, status, error=reason, retries=p.retries)
+        p.run.complete(p.index, outcome, self.clock())
         if p.run.group is not None:
             self.groups.task_done(p.run.group, None)

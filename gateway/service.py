@@ -156,6 +156,10 @@ class GatewayService:
         cfg = self.config.autoscaling
         if cfg.policy == "swayam":
             extra_args = [*extra_args, "--idle-exit-s", f"{cfg.idle_s:g}"]
+        pool = self.config.pool_named(cfg.pool)
+        if pool is not None and pool.dispatch == "retry":
+            # Swayam §4.5: the servers it starts turn tasks away when busy.
+            extra_args = [*extra_args, "--reject-when-busy"]
         actuator = make_actuator(
             cfg,
             gateway_url,

@@ -12,18 +12,69 @@ start order and a StatefulSet by pod ordinal) and sends ``fanout`` k only to k r
 servers among the first max(n, k), n being its policy's backends in use. The servers beyond
 the prefix get no new task, go idle and retire after their idle timeout (passive scale-in);
 a new server enters the prefix only once its link is up (warm).
+
+A pool with ``dispatch = "retry"`` (Swayam §4.5, random dispatch with retries) re-targets a
+task its server sends back busy: `BusyRetry` decides whether and when (Δ after the refusal,
+before the SLO), and `TargetPicker.replacement` picks another random server of the query's
+scope, in the prefix first, that holds no task of the query.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
 
 from admission import backend_order
-from gateway.config import GatewayConfig
+from gateway.config import GatewayConfig, PoolConfig
 from gateway.errors import BadRequest, Unavailable
 from gateway.links import TaskLink
 from gateway.requests import Targets
+from taskserver.config import BUSY_PREFIX
+
+
+@dataclass(frozen=True, slots=True)
+class RetryDecision:
+    """What becomes of a task its server sent back REJECTED."""
+
+    action: str
+    """`fail`: the rejection stands, as in a queue pool; `retry`: send the task to another
+    server at `at_s`; `hold`: a retry would come at or past the query's SLO, so none is
+    made and the query ends as any query still running at its SLO does (`_slo_passed`)."""
+    at_s: float = 0.0
+    """When to send it again (gateway clock), for `retry`."""
+
+
+_FAIL = RetryDecision("fail")
+_HOLD = RetryDecision("hold")
+
+
+class BusyRetry:
+    """Swayam's random dispatch with retries (§4.5): a busy backend sends the request back
+    and the frontend tries another random backend, at least Δ after the last try of the
+    same request so that a transient overload does not become a storm of messages."""
+
+    __slots__ = ("delay_s",)
+
+    def __init__(self, retry_delay_ms: float) -> None:
+        self.delay_s = retry_delay_ms / 1000.0
+        """Δ, in seconds."""
+
+    @classmethod
+    def of(cls, pool: PoolConfig) -> BusyRetry | None:
+        """The pool's retry policy; None for a `dispatch = "queue"` pool."""
+        return cls(pool.retry_delay_ms) if pool.dispatch == "retry" else None
+
+    def decide(self, error: str | None, now: float, slo_deadline_s: float) -> RetryDecision:
+        """A task was sent back REJECTED with `error` at `now`; its query's SLO ends at
+        `slo_deadline_s`. Only a busy refusal (BUSY_PREFIX) is retried, and only while the
+        retry still comes before the SLO."""
+        if error is None or not error.startswith(BUSY_PREFIX):
+            return _FAIL  # draining, queue full, owned elsewhere, a bad task: as today
+        at_s = now + self.delay_s
+        if at_s >= slo_deadline_s:
+            return _HOLD
+        return RetryDecision("retry", at_s)
 
 
 class TargetPicker:
@@ -133,6 +184,47 @@ class TargetPicker:
             return None
         live = [s for s in self.pool_members.get(pool, []) if self.links[s].is_up]
         return backend_order(live)[: in_use()]
+
+    def replacement(
+        self, t: Targets, refused: TaskLink, query_id: str, used: Collection[str] = ()
+    ) -> TaskLink | None:
+        """Another server for a task that `refused` sent back busy (Swayam §4.5: the frontend
+        retries another random backend), or None when no other can take it.
+
+        Only where the gateway chose the server: a query that names its servers, or asks
+        for `all` of a pool, gets None. The candidates are the live servers of the query's
+        scope (its cluster, outside its excluded cluster, or the refused server's cluster
+        for `per_cluster`) other than `refused` that hold no task of `query_id` (a link
+        holds one task per query). A prefix-routed pool tries its prefix first; within a
+        tier, servers not in `used` (the query's other servers) are preferred.
+        """
+        if t.pool is None or t.all or t.servers is not None:
+            return None
+        links = self.links
+        members = self.pool_members.get(t.pool, [])
+        prefix = None
+        if t.per_cluster is not None or t.cluster is not None:
+            cluster = refused.cluster if t.per_cluster is not None else t.cluster
+            members = self.cluster_members.get(t.pool, {}).get(cluster, []) if cluster else []
+        elif t.exclude_cluster is not None:
+            members = [s for s in members if links[s].cluster != t.exclude_cluster]
+        else:
+            prefix = self.prefix_view(t.pool)
+        candidates = [
+            s
+            for s in members
+            if s != refused.server_id and links[s].is_up and query_id not in links[s].outstanding
+        ]
+        tiers = [candidates]
+        if prefix is not None:
+            inside = set(prefix)
+            tiers.insert(0, [s for s in candidates if s in inside])
+        for tier in tiers:
+            fresh = [s for s in tier if s not in used]
+            choice = fresh or tier
+            if choice:
+                return links[self.rng.choice(choice)]
+        return None
 
     def _least(self, members: list[str], k: int) -> list[TaskLink]:
         """The k live servers with the smallest estimated wait (QLM's load balancing across

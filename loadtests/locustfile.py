@@ -14,6 +14,10 @@ one mix plain `tailgate up` serves):
 - SaasUser: the Sensing-as-a-Service A/B/C mix over pool ``edge`` (``loadtests.saas``);
   needs edge agents, e.g. ``tailgate --config deploy/saas.toml up --servers 0
   --edge-agents 32``.
+- BurstUser: fanout-1 queries (class A) over pool ``default``, open loop at the rate of a
+  piecewise-linear trace (``--trace "0:20,60:20,65:60,100:60,105:20,200:20"``: seconds
+  since the start : queries/s; the last rate holds after its corner), so an autoscaler
+  can be watched scaling out ahead of a burst and back in after it.
 - PipelineUser: one ONNX pipeline request per query to pool ``pipeline``
   (``--pipeline-pool``) under an explicit SLO (``--pipeline-slo-ms``); needs pipeline
   task servers registered in that pool.
@@ -36,6 +40,7 @@ Locust's "Aggregated" line. At the end a per-class SLO summary is printed;
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import random
@@ -90,6 +95,11 @@ def _add_arguments(parser: Any) -> None:
         type=float,
         default=0.0,
         help="FanoutUser: emulated service time per task (0: the server's distribution)",
+    )
+    g.add_argument(
+        "--trace",
+        default="0:20,60:20,65:60,100:60,105:20,200:20",
+        help="BurstUser: rate trace 't_s:queries_per_s,...' (piecewise linear)",
     )
     g.add_argument("--pipeline-pool", default="pipeline", help="PipelineUser: pool (pipeline)")
     g.add_argument(
@@ -241,6 +251,60 @@ class FanoutUser(TailgateUser):
         body = fanout_query(kind, pool, _Gateway.pool_sizes.get(pool, 10), service_ms)
         cls = FANOUTS[kind][0]
         return f"{kind} (class {cls})", body, cls
+
+
+def parse_trace(text: str) -> tuple[list[float], list[float]]:
+    """'t:rate,...' -> (times s, rates per s); ValueError naming the problem."""
+    times, rates = [], []
+    for part in text.split(","):
+        t, sep, r = part.strip().partition(":")
+        if not sep:
+            raise ValueError(f"--trace: expected 't_s:rate' pairs, got {part!r}")
+        times.append(float(t))
+        rates.append(float(r))
+    if times != sorted(times) or any(r < 0 for r in rates) or not any(rates):
+        raise ValueError(f"--trace: times must ascend and rates be >= 0 (not all 0): {text!r}")
+    return times, rates
+
+
+def trace_rate(times: list[float], rates: list[float], t: float) -> float:
+    """The trace's rate at t s (linear between corners, flat beyond them)."""
+    if t <= times[0]:
+        return rates[0]
+    for (t0, r0), (t1, r1) in itertools.pairwise(zip(times, rates, strict=True)):
+        if t <= t1:
+            return r0 + (r1 - r0) * (t - t0) / (t1 - t0) if t1 > t0 else r1
+    return rates[-1]
+
+
+class BurstUser(TailgateUser):
+    """Fanout-1 queries at a rate that follows a trace (open loop, one user is enough)."""
+
+    opt_in = True
+
+    def on_start(self) -> None:
+        """Read the trace; the clock starts now."""
+        super().on_start()
+        self.times, self.rates = parse_trace(self.environment.parsed_options.trace)
+        self.started = time.monotonic()
+        self.rate_per_s = 1.0  # open loop (TailgateUser.query); wait_time sets the rate
+
+    def wait_time(self) -> float:
+        """Until the next arrival of a Poisson stream at the trace's rate now, spread over
+        the users (thinning would also do; the rate changes slowly against the gaps)."""
+        runner = self.environment.runner
+        users = max(1, runner.target_user_count if runner is not None else 1)
+        now = time.monotonic()
+        rate = trace_rate(self.times, self.rates, now - self.started) / users
+        self._next_at = max(self._next_at, now - 1.0) + self.rng.expovariate(max(rate, 1e-3))
+        return max(0.0, self._next_at - now)
+
+    def next_query(self) -> tuple[str, dict[str, Any], str]:
+        """One fanout-1 query of class A."""
+        opts = self.environment.parsed_options
+        service_ms = float(getattr(opts, "service_ms", 0.0) or 0.0) or None
+        body = fanout_query("fanout 1", getattr(opts, "fanout_pool", "default"), 1, service_ms)
+        return "fanout 1 (class A)", body, FANOUTS["fanout 1"][0]
 
 
 class SaasUser(TailgateUser):

@@ -7,6 +7,11 @@ from dataclasses import dataclass, field
 from taskserver.queues import QueuePolicy
 from taskserver.service_time import ServiceSpec
 
+BUSY_PREFIX = "busy:"
+"""How the error of a task refused by a busy server (`reject_when_busy`) starts: the wire
+mark that lets a gateway tell it from the other REJECTED results (draining, queue full,
+owned elsewhere) and send the task to another server (Swayam §4.5)."""
+
 
 def _default_service() -> ServiceSpec:
     return ServiceSpec(kind="exponential", mean_ms=2.0)
@@ -30,6 +35,10 @@ class TaskServerConfig:
     """Tasks served concurrently (the server's cores or GPU streams)."""
     max_queue: int = 100_000
     """Queued tasks beyond which new ones are REJECTED."""
+    reject_when_busy: bool = False
+    """Queue nothing: a task that arrives while every slot is busy is answered at once
+    REJECTED with an error starting with BUSY_PREFIX (Swayam §4.5's RAND: a busy backend
+    sends the request back, and the gateway retries another one)."""
     executor: str = "emulated"
     """Task executor; `emulated` draws service times from `service`."""
     emulation: str = "sleep"

@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from taskserver.config import TaskServerConfig
+from taskserver.config import BUSY_PREFIX, TaskServerConfig
 from taskserver.executors import EmulatedExecutor, Executor, ExecutorError, TaskDropped
 from taskserver.exposition import Reply, Route, start_http
 from taskserver.framecheck import IMPLEMENTATION as FRAMECHECK
@@ -121,6 +121,7 @@ class TaskService:
         max_task_s: float = 300.0,
         limits: WireLimits = DEFAULT_LIMITS,
         frontend_horizon_s: float = FRONTEND_HORIZON_S,
+        reject_when_busy: bool = False,
     ) -> None:
         self.server_id = server_id
         self.queue = queue
@@ -133,6 +134,8 @@ class TaskService:
         self.task_grace_s = task_grace_s
         self.max_task_s = max_task_s
         self.limits = limits
+        self.reject_when_busy = reject_when_busy
+        """Queue nothing: a task that finds every slot busy goes back REJECTED, BUSY_PREFIX."""
         self.reclaimed = 0
         """Slots the watchdog took back from tasks that ran past their budget."""
         self.violations = 0
@@ -247,7 +250,8 @@ class TaskService:
 
     # -- the task path -------------------------------------------------------
     def submit(self, conn: ThriftConnection, task: Any) -> None:
-        """Queue one task with its local deadlines; start it if a slot is free."""
+        """Queue one task with its local deadlines; start it if a slot is free (with
+        `reject_when_busy`, send it back REJECTED when none is)."""
         problem = task_identity_problem(task)
         if problem is not None:  # no result could name it: the peer is broken
             raise ProtocolViolation("bad_message", f"submit: {problem}")
@@ -268,6 +272,12 @@ class TaskService:
             self._send(
                 conn, task, TaskStatus.REJECTED, now, now, 0.0, False, error=f"bad task: {problem}"
             )
+            return
+        if self.reject_when_busy and (self.busy >= self.slots or len(self.queue)):
+            # Swayam §4.5 (RAND with retries): a busy backend sends the request back at once,
+            # and the gateway tries another one; nothing waits here.
+            error = f"{BUSY_PREFIX} all {self.slots} slot(s) of server {self.server_id} are in use"
+            self._send(conn, task, TaskStatus.REJECTED, now, now, 0.0, False, error=error)
             return
         try:
             queued = QueuedTask(
@@ -707,6 +717,7 @@ def build_service(
         task_grace_s=config.task_grace_s,
         max_task_s=config.max_task_s,
         limits=WireLimits.for_frames_of(config.max_frame_bytes),
+        reject_when_busy=config.reject_when_busy,
     )
 
 

@@ -365,7 +365,7 @@ async def test_the_autoscaler_publishes_its_rate_and_feeds_the_policy_the_sum() 
     ts2 = _link(frontends=[("gw-b", 32.0), ("gw-c", 8.0)], heard_s=0.8)
     other = _link(pool="edge", frontends=[("gw-z", 1000.0)], heard_s=0.8)
     loop = _loop({"ts-1": ts1, "ts-2": ts2, "e-1": other}, clock)
-    loop.tasks_seen = 20
+    loop.tasks_offered = 20
     clock.t = 1.0
     await loop.tick()
     assert ts1.load_per_s == ts2.load_per_s == 20.0 and other.load_per_s is None
@@ -382,7 +382,7 @@ async def test_the_autoscaler_publishes_its_rate_and_feeds_the_policy_the_sum() 
     ts1.frontends, ts2.frontends = [("gw-a", 20.0)], [("gw-a", 20.0)]
     clock.t = 0.8 + FRONTEND_HORIZON_TIMEOUTS * loop.service.config.heartbeat_timeout_s
     ts1.frontends_s = ts2.frontends_s = clock.t
-    loop.tasks_seen += 88  # 10 tasks/s over the 8.8 s since the last tick
+    loop.tasks_offered += 88  # 10 tasks/s over the 8.8 s since the last tick
     await loop.tick()
     state = loop.snapshot()["policy_state"]
     assert state["frontends"]["count"] == 1
