@@ -39,6 +39,9 @@ class Actuator(ABC):
 
     name: str
     """A label for logs and metrics."""
+    self_retiring: bool = False
+    """Whether its servers can leave by themselves (an idle server exiting); where they
+    cannot (a StatefulSet restarts the pod), Swayam's scale-in goes through scale_to."""
 
     @abstractmethod
     async def replicas(self) -> int:
@@ -74,6 +77,10 @@ class _LocalServer:
 
 class LocalActuator(Actuator):
     """Starts and stops local task-server processes and (de)registers them with the gateway."""
+
+    self_retiring = True
+    """Its servers may exit by themselves (--idle-exit-s: Swayam's passive scale-in); it
+    notices and deregisters them."""
 
     def __init__(
         self,

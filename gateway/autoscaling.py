@@ -21,7 +21,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from admission import MissRatioWindow, SwayamPolicy, ThresholdAutoscaler
+from admission import MissRatioWindow, ScaleDecision, SwayamPolicy, ThresholdAutoscaler
 from gateway.config import AutoscalingConfig
 from taskserver.frontends import FrontendRates
 from taskserver.spawn import taskserver_argv
@@ -103,6 +103,9 @@ class AutoscalerLoop:
         """Request groups (percentile, SLO ms, fanout) of the pool -> when last seen."""
         self._wake = asyncio.Event()
         """Set by an SLA violation: decide now, not at the next period."""
+        self._beyond_since: float | None = None
+        """Swayam without self-retiring servers: since when replicas exceed the prefix n."""
+        self._beyond_n = 0
         self._last_decision_s = -math.inf
 
     def record_task(self, missed: bool, pool: str) -> None:
@@ -185,6 +188,8 @@ class AutoscalerLoop:
             if quantiles:
                 self.policy.observe(now, global_rate, quantiles)
             decision = self.policy.decide(now, replicas)
+            if decision.delta == 0 and not self.actuator.self_retiring:
+                decision = self._retire_beyond_prefix(decision, now, replicas)
         action_name = "up" if decision.delta > 0 else "down" if decision.delta < 0 else "hold"
         self.decisions[action_name] += 1
         if decision.delta == 0:
@@ -203,6 +208,27 @@ class AutoscalerLoop:
         # Misses that led to this step say nothing about the new capacity.
         self.window = MissRatioWindow(window_tasks=self.config.window_tasks)
         return action
+
+    def _retire_beyond_prefix(
+        self, decision: ScaleDecision, now: float, replicas: int
+    ) -> ScaleDecision:
+        """Passive scale-in where servers cannot retire themselves (a StatefulSet restarts a
+        pod that exits): once the replicas beyond the prefix n have had no task for idle_s
+        (they get none while n stays below them), scale down to n. The StatefulSet removes
+        its highest ordinals, which are exactly those beyond the prefix (backend order is
+        the pods' natural order). Beyond the paper, whose backends leave by themselves."""
+        assert isinstance(self.policy, SwayamPolicy)
+        n = max(self.policy.in_use, self.config.min_replicas)
+        if replicas <= n:
+            self._beyond_since = None
+            return decision
+        if self._beyond_since is None or self._beyond_n != n:
+            self._beyond_since, self._beyond_n = now, n
+            return decision
+        if now - self._beyond_since < self.config.idle_s:
+            return decision
+        self._beyond_since = None
+        return ScaleDecision(n - replicas, "passive_scale_in", n)
 
     def _share_rate(self, now: float, rate: float) -> float:
         """Publish this gateway's local rate λ_i on the pool's heartbeats and return the global

@@ -211,3 +211,39 @@ async def test_an_sla_violation_makes_the_swayam_loop_decide_at_once() -> None:
             await runner
     # Groups unseen for longer than the predictor's history are forgotten.
     assert loop._recent_groups(loop.policy.predictor.history_s + 1.0) == []  # type: ignore[union-attr]
+
+
+async def test_swayam_scales_a_statefulset_in_past_the_prefix_after_the_idle_time() -> None:
+    scaling = AutoscalingConfig(policy="swayam", pool="edge", idle_s=10.0, max_replicas=8)
+    config = GatewayConfig(pools=[PoolConfig(name="edge")], autoscaling=scaling)
+
+    class Sts:  # a StatefulSet: its pods cannot retire themselves
+        self_retiring = False
+        name = "k8s"
+        n = 5
+
+        async def replicas(self) -> int:
+            return self.n
+
+        async def scale_to(self, replicas: int) -> int:
+            self.n = replicas
+            return replicas
+
+    clock = [0.0]
+    service = SimpleNamespace(config=config, links={}, pool_members={"edge": []})
+    sts = Sts()
+    loop = AutoscalerLoop(service, scaling, sts, lambda: clock[0])  # type: ignore[arg-type]
+    assert isinstance(loop.policy, SwayamPolicy)
+    # No traffic: the prefix n shrinks to min_replicas (1), so 4 of the 5 pods get no task.
+    for t in (0.0, 5.0, 9.0):
+        clock[0] = t
+        assert await loop.tick() is None and sts.n == 5  # not yet idle for 10 s
+    clock[0] = 10.5
+    action = await loop.tick()
+    assert action is not None and action["reason"] == "passive_scale_in"
+    assert (action["from"], action["to"], sts.n) == (5, 1, 1) == (5, loop.policy.in_use, 1)
+    sts.self_retiring = True  # a local actuator: the servers leave by themselves
+    sts.n = 5
+    for t in (20.0, 40.0, 60.0):
+        clock[0] = t
+        assert await loop.tick() is None and sts.n == 5
