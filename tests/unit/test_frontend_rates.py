@@ -328,6 +328,7 @@ def test_the_heartbeat_carries_the_local_rate_once_the_autoscaler_sets_it() -> N
 
 class _Actuator:
     name = "fake"
+    self_retiring = True
 
     async def replicas(self) -> int:
         return 1
