@@ -27,6 +27,8 @@ from taskserver import jsonbody
 log = logging.getLogger(__name__)
 
 SERVICE_KEY: web.AppKey[GatewayService] = web.AppKey("service", GatewayService)
+SERVER_HEADER = "tailgate"
+"""The Server header of every answer."""
 REQUESTS_KEY: web.AppKey[RequestPath] = web.AppKey("requests", RequestPath)
 
 
@@ -80,7 +82,11 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
             raise
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status, "http_error")
         body = {"error": {"code": code, "message": exc.reason, "field": None}}
-        return web.json_response(body, status=exc.status)
+        headers = {}
+        if isinstance(exc, web.HTTPMethodNotAllowed):
+            # RFC 9110 §15.5.6: a 405 lists the methods the resource takes.
+            headers["Allow"] = ", ".join(sorted(exc.allowed_methods))
+        return web.json_response(body, status=exc.status, headers=headers)
 
 
 @web.middleware
@@ -315,6 +321,12 @@ def create_app(service: GatewayService) -> web.Application:
     app[REQUESTS_KEY] = RequestPath(service, f"req-{uuid.uuid4().hex[:8]}")
     for method, path, handler in ROUTES:
         app.router.add_route(method, path, handler)
+
+    async def server_header(_: web.Request, response: web.StreamResponse) -> None:
+        # No library or interpreter versions on the wire (aiohttp's default names both).
+        response.headers["Server"] = SERVER_HEADER
+
+    app.on_response_prepare.append(server_header)
 
     async def lifecycle(_: web.Application) -> Any:
         await service.start()

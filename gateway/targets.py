@@ -156,9 +156,20 @@ class TargetPicker:
             return [self.links[s] for s in members]
         assert t.fanout is not None
         if t.fanout > len(members):
-            raise BadRequest(
-                f"fanout {t.fanout} exceeds the {len(members)} servers of {scope}",
-                field="targets.fanout",
+            size = self._size(t.pool, t.cluster, t.exclude_cluster)
+            if t.fanout > size:
+                raise BadRequest(
+                    f"fanout {t.fanout} exceeds the {size} servers of {scope}",
+                    field="targets.fanout",
+                )
+            # The pool has the servers, but too few take queries now (down, draining, a
+            # rolling restart): worth a retry, so 503, not a client error.
+            raise self._unavailable(
+                f"fanout {t.fanout} needs {t.fanout} servers of {scope} and {len(members)} "
+                f"of its {size} take queries now (the others are down or draining)",
+                "servers_unavailable",
+                servers_available=len(members),
+                servers_registered=size,
             )
         in_use = self.prefix.get(t.pool)
         if in_use is not None and t.cluster is None and t.exclude_cluster is None:
@@ -166,6 +177,26 @@ class TargetPicker:
         if t.pool in self._least_wait and self.wait_of is not None:
             return self._least(members, t.fanout)
         return self._sample(members, t.fanout)
+
+    def _size(self, pool: str, cluster: str | None, exclude: str | None) -> int:
+        """The pool's (or cluster's) size: its servers registered in any state, or those its
+        configuration names, whichever is larger."""
+        registered = [
+            lk
+            for lk in self.links.values()
+            if lk.pool == pool
+            and (cluster is None or lk.cluster == cluster)
+            and (exclude is None or lk.cluster != exclude)
+        ]
+        configured = [
+            s
+            for p in self.config.pools
+            if p.name == pool
+            for s in p.servers
+            if (cluster is None or s.cluster == cluster)
+            and (exclude is None or s.cluster != exclude)
+        ]
+        return max(len(registered), len(configured))
 
     def _ordered(self, members: list[str], k: int, n: int) -> list[TaskLink]:
         """k random servers among the first max(n, k) live ones in backend order (Swayam's

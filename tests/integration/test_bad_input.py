@@ -163,7 +163,14 @@ async def test_malformed_json_empty_and_oversized_bodies(gw, http: aiohttp.Clien
         assert (await r.json())["error"]["code"] == "payload_too_large"
     async with http.get(gw.url + "/v1/nothing-here") as r:
         assert r.status == 404
-        assert (await r.json())["error"]["code"] == "not_found"
+        assert (await r.json())["error"] == {
+            "code": "not_found", "message": "Not Found", "field": None
+        }  # fmt: skip
+        assert r.headers["Server"] == "tailgate"  # no library versions
+    async with http.delete(url) as r:
+        assert r.status == 405
+        assert r.headers["Allow"] == "POST"
+        assert (await r.json())["error"]["field"] is None
     got, ans, _ = await query(http, gw, GOOD)
     assert got == 200, ans
 

@@ -238,3 +238,20 @@ def test_a_swayam_pool_routes_only_to_its_ordered_prefix() -> None:
     # `all` still means every server of the pool.
     assert len(pick(picker, {"pool": "default", "all": True})) == 6
     assert make_picker(ids, pool="default").prefix_view("default") is None
+
+
+def test_too_few_servers_taking_queries_is_503_and_too_small_a_pool_is_400() -> None:
+    picker = make_picker({"a": None, "b": None, "c": None}, pool="default")
+    for sid in ("b", "c"):  # draining (a rolling restart): out of the selection
+        picker.leave(picker.links[sid])
+    with pytest.raises(Unavailable) as unavailable:
+        pick(picker, {"pool": "default", "fanout": 2})
+    assert unavailable.value.code == "servers_unavailable"
+    assert unavailable.value.extra == {"servers_available": 1, "servers_registered": 3}
+    with pytest.raises(BadRequest, match="exceeds the 3 servers") as bad:
+        pick(picker, {"pool": "default", "fanout": 4})
+    assert bad.value.field == "targets.fanout"
+    # No server left at all, as during a restart: still 503, not a client error.
+    picker.leave(picker.links["a"])
+    with pytest.raises(Unavailable, match="0 of its 3"):
+        pick(picker, {"pool": "default", "fanout": 1})
