@@ -124,17 +124,29 @@ class AdmissionGate:
 
     # -- decisions -----------------------------------------------------------------------
 
-    def pressure(self, queue_pressure: Callable[[], float] = _no_queue_pressure) -> Pressure:
-        """The load as admission sees it now; the queue pressure is read only if the rule
-        needs it."""
+    def _aged_window(self, now: float) -> MissRatioWindow:
+        """The window, cleared first when a count window got no task for the max age."""
         window = self.window
-        now = self.clock()
         a = self.config
         if a.window_tasks > 0 and now - self._last_record > a.window_max_age_s:
             # Beyond TailGuard: rejecting stops the tasks that would refresh a count
             # window, so misses older than the max age are forgotten.
             if window.count(now):
                 window = self._window = make_window(a)
+        return window
+
+    def miss_ratio(self, cls: str | None = None) -> float:
+        """The windowed miss ratio now (of one class, or overall), as admission reads it:
+        a count window that got no task for window_max_age_s reads 0, so the exported
+        gauge falls when traffic stops instead of keeping its last value."""
+        now = self.clock()
+        return self._aged_window(now).ratio(now, cls)
+
+    def pressure(self, queue_pressure: Callable[[], float] = _no_queue_pressure) -> Pressure:
+        """The load as admission sees it now; the queue pressure is read only if the rule
+        needs it."""
+        now = self.clock()
+        window = self._aged_window(now)
         return Pressure(
             miss_ratio=window.ratio(now),
             queue_pressure=queue_pressure() if self._needs_queue else 0.0,

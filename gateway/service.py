@@ -71,9 +71,7 @@ class GatewayService:
         self.gate = AdmissionGate(
             config.admission, config.classes, clock, seed=self.rng.getrandbits(64)
         )
-        self.metrics.bind_window(
-            lambda c: self.gate.window.ratio(self.clock(), c), [c.name for c in config.classes]
-        )
+        self.metrics.bind_window(self.gate.miss_ratio, [c.name for c in config.classes])
         id_prefix = uuid.uuid4().hex[:8]
         self.instance_id = f"{socket.gethostname()}-{id_prefix}"
         """This replica's id: names it as the owner of the central-queueing servers it claims."""

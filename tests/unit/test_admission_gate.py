@@ -307,3 +307,13 @@ def test_the_gate_reads_queue_pressure_only_for_a_rule_that_needs_it() -> None:
         gate.record_tasks(50, 100, "b")  # far above the threshold: no fast path
         gate.decide(QueryInfo("b", 1, 10, 1.5, 0.5), pressure)
         assert bool(calls) is reads, rule
+
+
+def test_the_exported_miss_ratio_falls_when_traffic_stops() -> None:
+    clock = _Clock()
+    classes = [ClassConfig("a", 1.0, 99.0, 0), ClassConfig("b", 1.5, 99.0, 1)]
+    gate = AdmissionGate(_config(Rule.REJECT_ALL), classes, clock)
+    gate.record_tasks(30, 100, "a")
+    assert gate.miss_ratio() == 0.3 and gate.miss_ratio("a") == 0.3 and gate.miss_ratio("b") == 0
+    clock.now += gate.config.window_max_age_s + 0.1  # no task for longer than the max age
+    assert gate.miss_ratio() == 0.0 and gate.miss_ratio("a") == 0.0
