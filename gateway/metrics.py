@@ -53,6 +53,11 @@ RECENT_LATENCIES = 50_000
 """Answered-query latencies kept per class between two history samples."""
 
 
+def latency_buckets(slos_ms: Iterable[float]) -> tuple[float, ...]:
+    """QUERY_BUCKETS_S with every class SLO (in seconds) added, sorted."""
+    return tuple(sorted({*QUERY_BUCKETS_S, *(s / 1000.0 for s in slos_ms)}))
+
+
 def fanout_bucket(k: int) -> str:
     """Label value for a fanout: 1, 2-9, 10-99, 100-999, 1000+."""
     if k == 1:
@@ -268,7 +273,9 @@ def _group_metrics(groups: list[dict[str, Any]]) -> Iterable[Metric]:
 class GatewayMetrics:
     """The gateway's metrics."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, slos_ms: Iterable[float] = ()) -> None:
+        """`slos_ms`: the classes' SLOs, which become buckets of the latency histogram so
+        that the share of queries within each SLO is exact (not interpolated)."""
         self.registry = registry
         self.queries = Counter(
             "tailgate_queries_total",
@@ -281,7 +288,7 @@ class GatewayMetrics:
             "tailgate_query_latency_seconds",
             "Query latency from arrival to the last task result.",
             ["class", "fanout"],
-            QUERY_BUCKETS_S,
+            latency_buckets(slos_ms),
             registry,
         )
         self.wait_error = LiteHistogram(

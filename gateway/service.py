@@ -59,7 +59,7 @@ class GatewayService:
         self.clock = clock
         self.rng = rng or random.Random()
         self.registry = registry or CollectorRegistry()
-        self.metrics = GatewayMetrics(self.registry)
+        self.metrics = GatewayMetrics(self.registry, [c.latency_ms for c in config.classes])
         self.book = CdfBook(
             window_size=config.cdf_window,
             refresh_every=config.cdf_refresh_every,

@@ -262,3 +262,17 @@ def test_every_gateway_metric_name_follows_the_conventions() -> None:
         "tailgate_autoscaler_decisions",
     } <= names
     assert all(n.startswith("tailgate_") and not n.endswith("_ms") for n in names)
+
+
+def test_the_latency_histogram_has_a_bucket_at_each_class_slo() -> None:
+    from gateway.metrics import QUERY_BUCKETS_S, latency_buckets
+
+    assert latency_buckets([]) == QUERY_BUCKETS_S
+    got = latency_buckets([25.0, 100.0, 333.0])
+    assert 0.025 in got and 0.333 in got and list(got) == sorted(set(got))
+    registry = CollectorRegistry()
+    metrics = GatewayMetrics(registry, [333.0])
+    metrics.query_answered("A", 1, 333.0)
+    metrics.query_answered("A", 1, 334.0)
+    text = generate_latest(registry).decode()
+    assert 'tailgate_query_latency_seconds_bucket{class="A",fanout="1",le="0.333"} 1.0' in text
