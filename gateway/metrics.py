@@ -19,7 +19,7 @@ from prometheus_client.registry import Collector
 from admission import MissRatioWindow
 from gateway.server_windows import ServerMissRatios, server_window
 from gateway.waits import backlog_wait
-from taskserver.metrics import LiteHistogram
+from taskserver.metrics import LiteHistogram, register_build_info
 
 if TYPE_CHECKING:
     from gateway.view import GatewayView
@@ -180,7 +180,8 @@ class _GatewayCollector(Collector):
         post_queuing = GaugeMetricFamily(
             "tailgate_server_post_queuing_seconds",
             "Quantiles of a server's post-queuing time CDF in the CDF book.",
-            labels=["server", "quantile"],
+            # "q", not "quantile": that label is reserved for summaries (promtool).
+            labels=["server", "q"],
         )
         est_wait = GaugeMetricFamily(
             "tailgate_server_estimated_wait_seconds",
@@ -277,6 +278,7 @@ class GatewayMetrics:
         """`slos_ms`: the classes' SLOs, which become buckets of the latency histogram so
         that the share of queries within each SLO is exact (not interpolated)."""
         self.registry = registry
+        register_build_info(registry, "gateway")
         self.queries = Counter(
             "tailgate_queries_total",
             "Queries answered, by class and outcome "

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import importlib.metadata
+import platform
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
+
+# No `_created` series beside every counter and histogram: Prometheus does not use them and
+# they double what a scrape carries (prometheus_client's switch is process-wide).
+disable_created_metrics()
 
 # Task times span sub-millisecond key-value lookups to second-long inference.
 TASK_BUCKETS_S = (
@@ -28,6 +34,21 @@ TASK_BUCKETS_S = (
     5.0,
     10.0,
 )
+
+
+def register_build_info(registry: CollectorRegistry, component: str) -> None:
+    """`tailgate_build_info{version, python, component} 1`: what runs, for dashboards and
+    alerts that join on it (the Prometheus convention for build metadata)."""
+    try:
+        version = importlib.metadata.version("tailgate")
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown"
+    Gauge(
+        "tailgate_build_info",
+        "Tailgate's version, the Python it runs on and which process this is.",
+        ["version", "python", "component"],
+        registry=registry,
+    ).labels(version, platform.python_version(), component).set(1)
 
 
 class HistogramChild:
@@ -98,6 +119,7 @@ class TaskServerMetrics:
 
     def __init__(self, registry: CollectorRegistry, server_id: str) -> None:
         self.registry = registry
+        register_build_info(registry, "taskserver")
         labels = {"server": server_id}
         self.tasks = Counter(
             "tailgate_taskserver_tasks_total",

@@ -188,6 +188,16 @@ def test_prometheus_scrapes_gateway_task_servers_and_an_edge_agent(
         raise AssertionError(f"servers never all up: {servers}")
     query = {"class": "B", "targets": {"pool": "default", "all": True}, "task": {}}
     assert [post_query(gw.url, query) for _ in range(20)] == [200] * 20
+    if PROMTOOL is not None:
+        # Every process's exposition passes promtool's metric lint (names, types, labels).
+        for url in (gw.url, *(f"http://127.0.0.1:{p}" for p in ports.values())):
+            with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+                text = r.read()
+            lint = subprocess.run(
+                [PROMTOOL, "check", "metrics"], input=text, capture_output=True, timeout=30
+            )
+            assert lint.returncode == 0 and not lint.stdout.strip(), (url, lint.stdout, lint.stderr)
+            assert b"_created" not in text and b"tailgate_build_info{" in text, url
 
     jobs = {
         "gateway": [gw.url.removeprefix("http://")],

@@ -66,8 +66,8 @@ async def test_history_survives_a_gateway_restart_and_metrics_move(
     assert metric(text, f"tailgate_server_task_miss_ratio{{{server}}}") >= 0.0
     assert metric(text, 'tailgate_pool_task_miss_ratio{pool="default"}') >= 0.0
     assert metric(text, f"tailgate_server_queue_depth{{{server}}}") == 0.0  # all answered
-    p99 = metric(text, 'tailgate_server_post_queuing_seconds{quantile="0.99",server="ts-1"}')
-    p50 = metric(text, 'tailgate_server_post_queuing_seconds{quantile="0.5",server="ts-1"}')
+    p99 = metric(text, 'tailgate_server_post_queuing_seconds{q="0.99",server="ts-1"}')
+    p50 = metric(text, 'tailgate_server_post_queuing_seconds{q="0.5",server="ts-1"}')
     assert 0 < p50 <= p99
     assert 'tailgate_query_latency_seconds_count{class="A",fanout="1"} 30.0' in text
 

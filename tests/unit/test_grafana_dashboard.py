@@ -66,13 +66,13 @@ def exported_names() -> set[str]:
     plus the metric names written out in the source (families a collector only yields
     once there is something to report, e.g. with an autoscaler running).
     """
-    registry = CollectorRegistry()
+    registry, server = CollectorRegistry(), CollectorRegistry()  # one per process, as run
     GatewayService(GatewayConfig(storage_url=""), registry=registry)
-    TaskServerMetrics(registry, "ts-1")
-    registry.register(PipelineCollector(_pipeline_snapshot, "gpu-1"))
+    TaskServerMetrics(server, "ts-1")
+    server.register(PipelineCollector(_pipeline_snapshot, "gpu-1"))
     registry.register(SamplerCollector(_sampler_status, "edge-1", "lab"))
     names: set[str] = set()
-    for family in registry.collect():
+    for family in [*registry.collect(), *server.collect()]:
         names |= _samples(family.name, family.type)
         names |= {s.name for s in family.samples}
     for package in SOURCES:
@@ -130,7 +130,7 @@ def test_dashboard_covers_the_issue_panels() -> None:
         "rate(tailgate_admission_rejections_total[1m])",
         "tailgate_server_queue_depth",
         "tailgate_taskserver_queue_depth",
-        'tailgate_server_post_queuing_seconds{quantile="$quantile"}',
+        'tailgate_server_post_queuing_seconds{q="$quantile"}',
         "tailgate_servers",
         "tailgate_autoscaler_replicas",
         "increase(tailgate_autoscaler_decisions_total[5m])",

@@ -183,7 +183,7 @@ def test_queue_depth_post_queuing_quantiles_and_deferrals_are_read_at_scrape() -
     value = registry.get_sample_value
     assert value("tailgate_server_queue_depth", {"server": "ts-1", "pool": "default"}) == 3.0
     quantiles = {
-        q: value("tailgate_server_post_queuing_seconds", {"server": "ts-1", "quantile": q})
+        q: value("tailgate_server_post_queuing_seconds", {"server": "ts-1", "q": q})
         for q in ("0.5", "0.9", "0.99", "0.999")
     }
     assert 0.045 < quantiles["0.5"] < 0.055
