@@ -7,6 +7,7 @@ import hmac
 import json
 import logging
 import math
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -223,16 +224,48 @@ async def get_classes(request: web.Request) -> web.Response:
     return web.json_response({"classes": classes})
 
 
+MONOTONIC_KEYS = frozenset({"now", "time", "time_s", "overloaded_since", "last_scale_s"})
+"""Keys of the policy snapshots that hold the service clock's (monotonic) seconds."""
+COUNT_TABLES = frozenset({"replicas"})
+"""Tables whose `now` is a count, not a time."""
+
+
+def wall_clock(obj: Any, offset_s: float) -> Any:
+    """The snapshot with every monotonic time (MONOTONIC_KEYS) turned into unix seconds
+    (monotonic + offset_s), the monotonic value kept beside it as `<key>_monotonic_s`: API
+    answers speak wall-clock time; the policies keep their injected clock."""
+    if isinstance(obj, dict):
+        out: dict[str, Any] = {}
+        for key, value in obj.items():
+            if key in MONOTONIC_KEYS and isinstance(value, int | float) and math.isfinite(value):
+                out[key] = round(value + offset_s, 3)
+                out[f"{key}_monotonic_s"] = value
+            elif key in COUNT_TABLES:
+                out[key] = value
+            else:
+                out[key] = wall_clock(value, offset_s)
+        return out
+    if isinstance(obj, list):
+        return [wall_clock(v, offset_s) for v in obj]
+    return obj
+
+
+def _wall_offset(service: GatewayService) -> float:
+    """Unix seconds minus the service clock's seconds, now."""
+    return time.time() - service.clock()
+
+
 async def get_admission(request: web.Request) -> web.Response:
     """GET /v1/admission: window, thresholds, counters and recent decisions."""
-    return web.json_response(request.app[SERVICE_KEY].gate.snapshot())
+    service = request.app[SERVICE_KEY]
+    return web.json_response(wall_clock(service.gate.snapshot(), _wall_offset(service)))
 
 
 async def get_autoscaler(request: web.Request) -> web.Response:
     """GET /v1/autoscaler: policy, thresholds, replicas and recent actions."""
     service = request.app[SERVICE_KEY]
     if service.autoscaler is not None:
-        return web.json_response(service.autoscaler.snapshot())
+        return web.json_response(wall_clock(service.autoscaler.snapshot(), _wall_offset(service)))
     c = service.config.autoscaling
     return web.json_response(
         {
