@@ -210,7 +210,11 @@ def cmd_taskserver(args: argparse.Namespace) -> int:
 
 
 def cmd_live(args: argparse.Namespace) -> int:
-    """`tailgate live run|maxload`: loadtests.live."""
+    """`tailgate live run|maxload`: loadtests.live; `tailgate live pool`: loadtests.swayam_live."""
+    if args.rest[:1] == ["pool"]:
+        from loadtests.swayam_live import main as pool_main
+
+        return pool_main(args.rest[1:])
     from loadtests.live import main as live_main
 
     return live_main(args.rest)
@@ -744,7 +748,7 @@ def build_parser(*, light: bool = False) -> argparse.ArgumentParser:
         add_profile_parser(sub)
         p = sub.add_parser(
             "live",
-            help="replay a simulator scenario on real processes (live run | live maxload)",
+            help="replay a simulator scenario on real processes (live run | maxload | pool)",
             add_help=False,
         )
         p.add_argument("rest", nargs=argparse.REMAINDER, help="see tailgate live run --help")

@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 
 MIN_VIOLATION_GAP_S = 0.1
 """Least time between two decisions, so a burst of SLA violations decides once."""
+MIN_SAMPLE_FRACTION = 0.5
+"""Swayam: a rate sample spans at least this share of the decision period."""
 FRONTEND_HORIZON_TIMEOUTS = 3.0
 """Swayam: another gateway no server has listed for this many heartbeat timeouts is
 forgotten (its rate leaves the global rate)."""
@@ -140,8 +142,10 @@ class AutoscalerLoop:
         return list(self._groups)
 
     def start(self) -> None:
-        """Start deciding in the background."""
+        """Start deciding in the background; the rate is measured from now on (time spent
+        building the pool before would read as a lower rate)."""
         if self._task is None:
+            self._last_tick, self._tasks_at_tick = self.clock(), self.tasks_offered
             self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
@@ -177,16 +181,19 @@ class AutoscalerLoop:
             decision = self.policy.decide(ratio, replicas, now)
         else:
             ratio = self.window.ratio(now)
-            elapsed = max(now - self._last_tick, 1e-9)
-            rate = (self.tasks_offered - self._tasks_at_tick) / elapsed
-            self._last_tick, self._tasks_at_tick = now, self.tasks_offered
-            global_rate = self._share_rate(now, rate)
-            quantiles = self._service_quantiles()
-            groups = self._recent_groups(now)
-            if groups:
-                self.policy.set_groups(groups)
-            if quantiles:
-                self.policy.observe(now, global_rate, quantiles)
+            elapsed = now - self._last_tick
+            # A decision woken early by an SLA violation adds no rate sample: a rate measured
+            # over a fraction of the period is noise the regression would extrapolate.
+            if elapsed >= MIN_SAMPLE_FRACTION * self.config.interval_s:
+                rate = (self.tasks_offered - self._tasks_at_tick) / elapsed
+                self._last_tick, self._tasks_at_tick = now, self.tasks_offered
+                global_rate = self._share_rate(now, rate)
+                quantiles = self._service_quantiles()
+                groups = self._recent_groups(now)
+                if groups:
+                    self.policy.set_groups(groups)
+                if quantiles:
+                    self.policy.observe(now, global_rate, quantiles)
             decision = self.policy.decide(now, replicas)
             if decision.delta == 0 and not self.actuator.self_retiring:
                 decision = self._retire_beyond_prefix(decision, now, replicas)

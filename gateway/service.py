@@ -174,7 +174,11 @@ class GatewayService:
             # Swayam §4.4: the pool routes by its ordered prefix of policy.in_use backends.
             self.targets.prefix[cfg.pool] = lambda: policy.in_use
         start = cfg.min_replicas if initial is None else initial
-        await loop.actuator.scale_to(min(max(start, cfg.min_replicas), cfg.max_replicas))
+        started = await loop.actuator.scale_to(min(max(start, cfg.min_replicas), cfg.max_replicas))
+        if isinstance(policy, SwayamPolicy):
+            # Route to every server started (not to min_replicas of them) until the model
+            # says otherwise: the extra ones then idle and retire, as Swayam's scale-in does.
+            policy.in_use = max(policy.in_use, started)
         loop.start()
         return loop
 

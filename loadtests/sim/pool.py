@@ -20,6 +20,14 @@ once per interval, with the same policy objects the gateway runs:
 - ``static``: the always-over-provisioned baseline: from the start, the backends Swayam's
   model asks for at the trace's peak rate (times U), never scaled.
 
+With ``dispatch="random"`` (`simulate_pool`) the pool is routed as the live gateway routes a
+server-queueing pool instead (gateway.targets, Swayam §4.4): each request goes at once to a
+random backend of the routable set and waits in that backend's own FIFO queue; a miss is
+judged at that backend's dequeue and reaches the window with the result; no request moves to
+a spare backend; and Swayam (and static provisioning) size the pool with the model of random
+dispatch (Swayam eq. (1), ``dispatch="retry"``), as the live autoscaler does for such a pool.
+The default, ``"central"``, is the model above.
+
 `bursty_trace` draws a rate trace with bursts from a seed (the experiments' traces).
 """
 
@@ -32,6 +40,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -163,6 +172,8 @@ class _Backend:
     busy: bool = False
     retired_s: float | None = None
     idle: IdleTracker | None = None
+    free_ms: float = 0.0
+    """dispatch "random": when this backend's own queue has drained (ms)."""
 
 
 def _arrivals(scn: PoolScenario, rng: random.Random) -> list[float]:
@@ -179,6 +190,34 @@ def _arrivals(scn: PoolScenario, rng: random.Random) -> list[float]:
 
 POLICIES = ("swayam", "threshold", "static")
 """How the pool is scaled (see the module doc)."""
+DISPATCHES = ("central", "random")
+"""How requests reach backends: one central FIFO queue, or a random backend's own queue."""
+_ROUTE_STREAM = 0x726F757465
+"""Mixed into the seed for the random mode's backend picks (a stream of their own)."""
+
+
+def _model(scn: PoolScenario, dispatch: str) -> dict[str, Any]:
+    """Swayam's sizing settings; the waiting-time model follows the dispatch."""
+    return {
+        "percentile": scn.percentile,
+        "target_ms": scn.target_ms,
+        "burst": scn.burst,
+        "max_backends": scn.max_backends,
+        "send_ms": scn.send_ms,
+        "reply_ms": scn.reply_ms,
+        # The live autoscaler sizes a server-queueing pool with random dispatch (eq. (1)).
+        "dispatch": "central" if dispatch == "central" else "retry",
+    }
+
+
+def initial_backends(scn: PoolScenario, policy: str, dispatch: str = "central") -> int:
+    """Backends running at time 0: the model's n for the starting rate, or for the trace's
+    peak rate with static provisioning."""
+    dist = make_distribution(scn.service)
+    rate = scn.rate_at(0.0)
+    if policy == "static":
+        rate = scn.base_rate_per_s * max(scn.trace_rate)
+    return estimate_backends(rate, dist.quantiles(200), **_model(scn, dispatch)).backends
 
 
 def bursty_trace(
@@ -225,10 +264,15 @@ def bursty_trace(
     return tuple(times), tuple(rates)
 
 
-def simulate_pool(scn: PoolScenario, policy: str) -> PoolResult:
-    """Run the trace under `swayam` or `threshold` autoscaling, or `static` provisioning."""
+def simulate_pool(scn: PoolScenario, policy: str, dispatch: str = "central") -> PoolResult:
+    """Run the trace under `swayam` or `threshold` autoscaling, or `static` provisioning,
+    with one central FIFO queue or, `dispatch="random"`, a random backend's queue each."""
     if policy not in POLICIES:
         raise ValueError(f"policy: must be one of {', '.join(POLICIES)}, got {policy!r}")
+    if dispatch not in DISPATCHES:
+        raise ValueError(f"dispatch: must be one of {', '.join(DISPATCHES)}, got {dispatch!r}")
+    central = dispatch == "central"
+    picker = random.Random(scn.seed ^ _ROUTE_STREAM)
     rng = random.Random(scn.seed)
     arrivals = _arrivals(scn, rng)
     service = sample_service_ms(
@@ -238,19 +282,8 @@ def simulate_pool(scn: PoolScenario, policy: str) -> PoolResult:
     quantiles = dist.quantiles(200)
     unloaded_ms = scn.send_ms + dist.quantile(scn.percentile / 100.0) + scn.reply_ms
     budget_ms = scn.target_ms - unloaded_ms  # T_b = SLO - x_p^u(1), TailGuard eq. (4)
-    model = {
-        "percentile": scn.percentile,
-        "target_ms": scn.target_ms,
-        "burst": scn.burst,
-        "max_backends": scn.max_backends,
-        "send_ms": scn.send_ms,
-        "reply_ms": scn.reply_ms,
-        "dispatch": "central",
-    }
-    start_n = estimate_backends(scn.rate_at(0.0), quantiles, **model).backends
-    if policy == "static":
-        peak = scn.base_rate_per_s * max(scn.trace_rate)
-        start_n = estimate_backends(peak, quantiles, **model).backends
+    model = _model(scn, dispatch)
+    start_n = initial_backends(scn, policy, dispatch)
     backends: list[_Backend] = []
 
     def add_backend(now_s: float, ready_s: float) -> None:
@@ -293,6 +326,9 @@ def simulate_pool(scn: PoolScenario, policy: str) -> PoolResult:
     arrived_in_interval = 0
     misses = 0
     predictions: list[tuple[float, float]] = []
+    # dispatch "random": each request's miss (the gateway learns it with the result) and backend
+    late_of = [False] * (0 if central else len(arrivals))
+    backend_of = [0] * (0 if central else len(arrivals))
 
     def start(b: _Backend, i: int, t: float) -> None:
         nonlocal misses
@@ -323,9 +359,36 @@ def simulate_pool(scn: PoolScenario, policy: str) -> PoolResult:
             if not b.busy and b.retired_s is None:
                 start(b, waiting.popleft(), t)
 
+    def route(i: int, t: float) -> None:
+        """dispatch "random": to a random routable backend's FIFO queue at once."""
+        nonlocal misses
+        b = picker.choice(routable or [x for x in backends if x.retired_s is None])
+        assert b.idle is not None
+        b.idle.task(t / 1000.0)
+        begin = max(t + scn.send_ms, b.free_ms)
+        b.free_ms = begin + service[i]
+        # The server dequeues it after its deadline t_D = arrival + budget (server queueing:
+        # the budget travels with the task, less the way there).
+        late = begin - t > budget_ms
+        misses += late
+        late_of[i] = late
+        backend_of[i] = backends.index(b)
+        response[i] = b.free_ms + scn.reply_ms - t
+        heapq.heappush(events, (b.free_ms + scn.reply_ms, _DONE, i))
+
     while events:
         t, kind, i = heapq.heappop(events)
         now_s = t / 1000.0
+        if kind == _ARRIVE and not central:
+            arrived_in_interval += 1
+            route(i, t)
+            continue
+        if kind == _DONE and not central:
+            b = backends[backend_of[i]]
+            assert b.idle is not None
+            b.idle.task(now_s)
+            window.record(late_of[i], now_s)
+            continue
         if kind == _ARRIVE:
             arrived_in_interval += 1
             waiting.append(i)
@@ -371,7 +434,8 @@ def simulate_pool(scn: PoolScenario, policy: str) -> PoolResult:
         # Passive scale-in: a warm backend outside the routable set idles and retires itself.
         for b in warm.values():
             assert b.idle is not None
-            if b.bid not in in_route and b.idle.should_decommission(now_s, int(b.busy)):
+            busy = b.busy if central else b.free_ms > t
+            if b.bid not in in_route and b.idle.should_decommission(now_s, int(busy)):
                 b.retired_s = now_s
         dispatch(t)
         timeline.append(

@@ -247,3 +247,35 @@ async def test_swayam_scales_a_statefulset_in_past_the_prefix_after_the_idle_tim
     for t in (20.0, 40.0, 60.0):
         clock[0] = t
         assert await loop.tick() is None and sts.n == 5
+
+
+async def test_a_decision_woken_early_adds_no_rate_sample() -> None:
+    scaling = AutoscalingConfig(policy="swayam", pool="edge", interval_s=1.0)
+    config = GatewayConfig(pools=[PoolConfig(name="edge")], autoscaling=scaling)
+
+    class Fixed:
+        self_retiring = True
+        name = "fixed"
+
+        async def replicas(self) -> int:
+            return 1
+
+        async def scale_to(self, replicas: int) -> int:
+            return replicas
+
+    clock = [0.0]
+    service = SimpleNamespace(config=config, links={}, pool_members={"edge": []})
+    loop = AutoscalerLoop(service, scaling, Fixed(), lambda: clock[0])  # type: ignore[arg-type]
+    assert isinstance(loop.policy, SwayamPolicy)
+    rates: list[float] = []
+    loop._share_rate = lambda now, rate: rates.append(rate) or rate  # type: ignore[method-assign]
+    loop.tasks_offered = 100
+    clock[0] = 1.0
+    await loop.tick()
+    loop.tasks_offered += 5
+    clock[0] = 1.1  # an SLA violation woke it 0.1 s later: 50/s over 0.1 s is noise
+    await loop.tick()
+    clock[0] = 2.0
+    loop.tasks_offered += 45
+    await loop.tick()
+    assert rates == [100.0, 50.0]  # the second sample spans 1.0 -> 2.0 s
