@@ -6,8 +6,10 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import importlib.metadata
 import json
 import logging
+import os
 import selectors
 import signal
 import sys
@@ -565,8 +567,13 @@ def build_parser(*, light: bool = False) -> argparse.ArgumentParser:
         "--config", help="tailgate.toml (default: $TAILGATE_CONFIG, else built-in defaults)"
     )
     parser.add_argument(
-        "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
+        "--log-level",
+        default="INFO",
+        type=str.upper,
+        choices=LOG_LEVELS,
+        help="DEBUG, INFO (default), WARNING or ERROR, in any case",
     )
+    parser.add_argument("--version", action="version", version=f"tailgate {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("up", help="gateway + local task servers + emulated edge agents")
@@ -759,19 +766,44 @@ def build_parser(*, light: bool = False) -> argparse.ArgumentParser:
     return parser
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+"""--log-level values (any case)."""
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("tailgate")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``tailgate`` console script."""
+    """Entry point of the ``tailgate`` console script.
+
+    The global options (--config, --log-level) may come before or after the subcommand:
+    `tailgate up --config x.toml` is `tailgate --config x.toml up`.
+    """
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config")
     pre.add_argument("--log-level")
-    _, rest = pre.parse_known_args(argv)
+    given, rest = pre.parse_known_args(sys.argv[1:] if argv is None else list(argv))
+    head = [
+        *(["--config", given.config] if given.config is not None else []),
+        *(["--log-level", given.log_level] if given.log_level is not None else []),
+    ]
     parser = build_parser(light=bool(rest) and rest[0] == "edge-agent")
-    args = parser.parse_args(argv)
+    args = parser.parse_args([*head, *rest])
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
         return int(args.func(args) or 0)
+    except BrokenPipeError:
+        # The reader went away (`tailgate config | head`): stop quietly, as a process
+        # killed by SIGPIPE does, and keep the interpreter from complaining at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except Exception as exc:
         from deploy.config import ConfigError
 

@@ -1,0 +1,52 @@
+"""The tailgate command's global options, version and a reader that goes away."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from deploy import cli
+from tests.conftest import REPO_ROOT
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "deploy.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO_ROOT,
+    )
+
+
+def test_version_and_global_options_after_the_subcommand() -> None:
+    out = run("--version")
+    assert out.returncode == 0 and out.stdout.startswith("tailgate ")
+    # --config and --log-level (any case) work after the subcommand as before it.
+    after = run("config", "--config", "deploy/swayam.toml", "--log-level", "debug")
+    before = run("--config", "deploy/swayam.toml", "config")
+    assert after.returncode == before.returncode == 0, after.stderr
+    assert json.loads(after.stdout) == json.loads(before.stdout)
+    assert json.loads(after.stdout)["gateway"]["autoscaling"]["policy"] == "swayam"
+    bad = run("--log-level", "loud", "config")
+    assert bad.returncode == 2 and "invalid choice: 'LOUD'" in bad.stderr
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def broken(_: object) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(cli, "cmd_config", broken)
+    saved = os.dup(sys.stdout.fileno())
+    try:
+        assert cli.main(["config"]) == 128 + signal.SIGPIPE
+    finally:
+        os.dup2(saved, sys.stdout.fileno())
+        os.close(saved)
