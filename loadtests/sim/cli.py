@@ -192,6 +192,12 @@ def cmd_experiment(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    from loadtests.sim.plots import missing
+
+    problem = missing()
+    if problem is not None:
+        print(f"tailgate sim: {problem}", file=sys.stderr)
+        return 2
     try:
         run_experiment(
             args.name,

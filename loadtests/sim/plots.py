@@ -15,6 +15,16 @@ Points = Sequence[tuple[float, float]]
 """(x, y) pairs of one line."""
 
 
+def missing() -> str | None:
+    """None when figures can be drawn; else one line naming the extra to install (checked
+    before an experiment starts, not after its minutes of simulation)."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        return "the experiments' figures need matplotlib: pip install -e '.[sim]'"
+    return None
+
+
 def _pyplot() -> Any:
     """matplotlib.pyplot on the file-only Agg backend (no display needed)."""
     import matplotlib

@@ -50,3 +50,26 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(
     finally:
         os.dup2(saved, sys.stdout.fileno())
         os.close(saved)
+
+
+def test_an_experiment_without_matplotlib_says_which_extra_before_it_runs(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: object
+) -> None:
+    import importlib.util
+
+    from loadtests.sim import registry
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "matplotlib" else real(name, *a),
+    )
+    ran: list[str] = []
+    monkeypatch.setattr(registry, "run_experiment", lambda name, *a, **k: ran.append(name))
+    assert cli.main(["sim", "experiment", "swayam", "--out", str(tmp_path)]) == 2
+    assert ran == []  # refused before any simulation
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "tailgate sim: the experiments' figures need matplotlib: pip install -e '.[sim]'"
+    ]
