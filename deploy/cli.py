@@ -735,16 +735,22 @@ def build_parser(*, light: bool = False) -> argparse.ArgumentParser:
     _add_edge_agent_parser(sub)
 
     p = sub.add_parser("query", help="submit one query and print the answer")
-    p.add_argument("--url", default="http://127.0.0.1:8080")
-    p.add_argument("--class", dest="class_name", default="A")
+    p.add_argument(
+        "--url",
+        default="http://127.0.0.1:8080",
+        help="the gateway (http://127.0.0.1:8080; match `tailgate up --port`)",
+    )
+    p.add_argument("--class", dest="class_name", default="A", help="query class (A)")
     p.add_argument("--slo-ms", type=float, help="explicit SLO latency instead of a class")
-    p.add_argument("--percentile", type=float, default=99.0)
-    p.add_argument("--pool", default="default")
-    p.add_argument("--fanout", type=int, default=1)
+    p.add_argument(
+        "--percentile", type=float, default=99.0, help="with --slo-ms: its percentile (99)"
+    )
+    p.add_argument("--pool", default="default", help="target pool (default)")
+    p.add_argument("--fanout", type=int, default=1, help="random servers of the pool (1)")
     p.add_argument("--all", action="store_true", help="every server of the pool")
     p.add_argument("--servers", help="comma-separated server ids")
     p.add_argument("--task", help="task payload as JSON")
-    p.add_argument("--timeout", type=float, default=60.0)
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait (60)")
     p.set_defaults(func=cmd_query)
 
     if not light:

@@ -73,3 +73,12 @@ def test_an_experiment_without_matplotlib_says_which_extra_before_it_runs(
     assert err == [
         "tailgate sim: the experiments' figures need matplotlib: pip install -e '.[sim]'"
     ]
+
+
+def test_every_query_option_has_a_help_line() -> None:
+    parser = cli.build_parser(light=True)
+    sub = next(a for a in parser._actions if a.dest == "command")
+    query = sub.choices["query"]  # type: ignore[attr-defined]
+    missing = [a.option_strings for a in query._actions if a.option_strings and not a.help]
+    assert missing == []
+    assert "tailgate up --port" in " ".join(query.format_help().split())
