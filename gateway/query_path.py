@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -332,8 +332,7 @@ class QueryPath:
         if tenants.config.protected:
             tenants.note_congestion(gate.pressure().miss_ratio, gate.controller.threshold)
         try:
-            sleep = self.deferrals.sleeper(flow, cost_ms, new.slo_deadline_s)
-            waits = await self._admit(gate, req, cls, links, plan, new, t0, sleep)
+            waits = await self._admit(gate, req, cls, links, plan, new, t0, cost_ms)
         except Unavailable as exc:
             reason = str(exc.extra.get("reason", ""))
             if tenants.gates:
@@ -374,13 +373,15 @@ class QueryPath:
         plan: DeadlinePlan,
         new: NewTask,
         t0: float,
-        sleep: Callable[[float], Awaitable[object]],
+        cost_ms: float,
     ) -> list[WaitEstimate] | None:
         """Admission (TailGuard §III.D; QLM §6 for the predictive rule): may hold the query
         (DEFER, in the deferral queue) or refuse it (503); returns the targets' wait
         estimates it read, if any."""
         if gate.clearly_admitted():
             return None
+        # A DEFER holds it in the deferral queue (built here: most queries never get this far).
+        sleep = self.deferrals.sleeper(new.flow, cost_ms, new.slo_deadline_s)
         info = QueryInfo(
             cls,
             req.priority,

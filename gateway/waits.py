@@ -115,7 +115,7 @@ def _estimate(
 
 
 def link_wait(
-    link: TaskLink, new: KeyedTask, now: float, moments: Callable[[], ServiceMoments]
+    link: TaskLink, new: NewTask, now: float, moments: Callable[[], ServiceMoments]
 ) -> WaitEstimate:
     """The queue wait of `new` were it dispatched on the link now (QLM eqs. (2)-(3))."""
     central = link.queue
@@ -125,8 +125,8 @@ def link_wait(
             new.slo_deadline_s,
             new.priority,
             now,
-            getattr(new, "flow", ""),
-            getattr(new, "cost", 1.0),
+            new.flow,
+            new.cost,
         )
         return _estimate(ahead, central.inflight, central.slots, moments)
     busy, ahead = server_backlog(link.policy, link.outstanding.values(), link.slots, new)

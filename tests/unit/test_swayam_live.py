@@ -11,7 +11,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from loadtests.sim.pool import PoolScenario, initial_backends, simulate_pool
+from loadtests.sim.pool import initial_backends, simulate_pool
 from loadtests.swayam_live import (
     PoolLiveRun,
     PoolSide,
@@ -25,25 +25,7 @@ from loadtests.swayam_live import (
     sim_backend_seconds,
     with_warmup,
 )
-from taskserver.service_time import ServiceSpec
-
-
-def pool(**kwargs: object) -> PoolScenario:
-    defaults: dict[str, object] = {
-        "service": ServiceSpec(kind="exponential", mean_ms=1.0),
-        "trace_s": (0.0, 10.0, 11.0, 20.0, 21.0, 30.0),
-        "trace_rate": (1.0, 1.0, 2.0, 2.0, 1.0, 1.0),
-        "base_rate_per_s": 1000.0,
-        "target_ms": 8.0,
-        "setup_s": 2.0,
-        "idle_s": 3.0,
-        "history_s": 5.0,
-        "up_cooldown_s": 2.0,
-        "down_cooldown_s": 5.0,
-    }
-    defaults.update(kwargs)
-    return PoolScenario(**defaults)  # type: ignore[arg-type]
-
+from tests.unit.test_overload_sim import small_pool as pool
 
 # --- the trace and the requests ----------------------------------------------------------------
 
