@@ -450,6 +450,11 @@ class SwayamPolicy:
         self._service_ms = _check_service(service_quantiles_ms)
         self.predictor.observe(now, rate_per_s * frontends)
 
+    def set_delays(self, send_ms: float, reply_ms: float) -> None:
+        """d1 and d2 of eq. (1) as measured on the links, in place of the configured ones."""
+        _check_delays(send_ms, reply_ms, self.retry_delay_ms)
+        self.send_ms, self.reply_ms = send_ms, reply_ms
+
     def set_groups(self, groups: Sequence[tuple[float, float, int]]) -> None:
         """The request groups (class percentile, SLO ms, fanout) now arriving: n_B must meet
         each one's task target (`task_targets`), not only the policy's own."""
@@ -528,6 +533,9 @@ class SwayamPolicy:
             "target_ms": self.target_ms,
             "min_backends": self.min_backends,
             "max_backends": self.max_backends,
+            "send_ms": self.send_ms,
+            "reply_ms": self.reply_ms,
+            "retry_delay_ms": self.retry_delay_ms,
             "in_use": self.in_use,
             "samples": len(self.predictor),
             "task_targets": [

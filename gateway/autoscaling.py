@@ -81,6 +81,11 @@ class AutoscalerLoop:
                 dispatch="central" if pool is not None and pool.queueing == "central" else "retry",
                 retry_delay_ms=pool.retry_delay_ms if pool is not None else 1.0,
                 history_s=config.history_s,
+                **(
+                    {}
+                    if config.link_delay_ms is None
+                    else {"send_ms": config.link_delay_ms, "reply_ms": config.link_delay_ms}
+                ),
             )
         self.tasks_seen = 0
         self.tasks_offered = 0
@@ -99,6 +104,11 @@ class AutoscalerLoop:
         """Swayam: the gateways in front of the pool and their local rates, as the pool's
         servers list them in their heartbeat replies."""
         self._own_id: str | None = None
+        self._delays: dict[str, Any] = {
+            "source": "default" if config.link_delay_ms is None else "configured",
+            "servers": 0,
+        }
+        """Swayam: where d1 and d2 came from at the last tick (`_measure_delays`)."""
         self._rates: dict[str, Any] = {}
         """Swayam: the frontends and rates the last tick fed the policy (for the snapshot)."""
         self._groups: dict[tuple[float, float, int], float] = {}
@@ -188,6 +198,7 @@ class AutoscalerLoop:
                 rate = (self.tasks_offered - self._tasks_at_tick) / elapsed
                 self._last_tick, self._tasks_at_tick = now, self.tasks_offered
                 global_rate = self._share_rate(now, rate)
+                self._measure_delays()
                 quantiles = self._service_quantiles()
                 groups = self._recent_groups(now)
                 if groups:
@@ -266,6 +277,28 @@ class AutoscalerLoop:
         }
         return global_rate
 
+    def _measure_delays(self) -> None:
+        """Swayam's d1 and d2 from the pool's links, unless the config fixes them: each link's
+        one-way delay is half its least recent heartbeat round trip (links.RoundTrips); the
+        median over the pool's servers that have one. The paper takes d1 and d2 as known
+        network delays; measuring them is ours."""
+        assert isinstance(self.policy, SwayamPolicy)
+        if self.config.link_delay_ms is not None:
+            self._delays = {"source": "configured", "servers": 0}
+            return
+        one_way = sorted(
+            link.one_way_ms
+            for link in self.service.links.values()
+            if link.pool == self.config.pool and link.rtt_ms is not None
+        )
+        if not one_way:
+            self._delays = {"source": "default", "servers": 0}
+            return
+        mid = len(one_way) // 2
+        median = one_way[mid] if len(one_way) % 2 else (one_way[mid - 1] + one_way[mid]) / 2
+        self.policy.set_delays(median, median)
+        self._delays = {"source": "measured", "servers": len(one_way)}
+
     def replicas_now(self) -> int:
         """Servers of the scaled pool registered now."""
         return len(self.service.pool_members.get(self.config.pool, []))
@@ -293,7 +326,11 @@ class AutoscalerLoop:
                 "now": len(self.service.pool_members.get(c.pool, [])),
             },
             "window": self.window.snapshot(now),
-            "policy_state": {**self.policy.snapshot(now), **self._rates},
+            "policy_state": {
+                **self.policy.snapshot(now),
+                **self._rates,
+                **({"link_delays": self._delays} if isinstance(self.policy, SwayamPolicy) else {}),
+            },
             "actions": list(self.actions),
             "last_error": self.last_error,
         }

@@ -182,6 +182,9 @@ class AutoscalingConfig:
     """Swayam: a backend idle this long retires itself (passive scale-in)."""
     history_s: float = 60.0
     """Swayam: the rate regression's window (§4.2: a line through the recent rates)."""
+    link_delay_ms: float | None = None
+    """Swayam: d1 and d2 of eq. (1), one way each. None (default): measured on the pool's
+    links, half the least heartbeat round trip, median over its servers."""
 
     def __post_init__(self) -> None:
         if self.policy not in ("threshold", "swayam"):
@@ -207,6 +210,10 @@ class AutoscalingConfig:
             raise ValueError(f"burst: must be >= 1, got {self.burst}")
         if not (self.history_s > 0 and math.isfinite(self.history_s)):
             raise ValueError(f"history_s: must be > 0, got {self.history_s}")
+        if self.link_delay_ms is not None and not (
+            self.link_delay_ms >= 0 and math.isfinite(self.link_delay_ms)
+        ):
+            raise ValueError(f"link_delay_ms: must be >= 0, got {self.link_delay_ms}")
 
 
 def _default_classes() -> tuple[ClassConfig, ...]:

@@ -33,7 +33,8 @@ gateway (gateway.autoscaling):
 
 - Swayam's floor is N0 on both sides (`_floored`): the simulator starts with N0 backends in
   use, and the live gateway routes to every server it started (gateway.service).
-- The live model adds d1 = d2 = 0.5 ms, real time, to the service times it reads from the
+- The live model adds d1 = d2 = 0.5 ms (fixed by the replay's config; a gateway measures them
+  on its links by default), real time, to the service times it reads from the
   gateway's CDF of post-queuing times: both sides run with that wire (`live_wire`: 0.5 / S
   ms in scenario time, where the scenario says 0.5 ms), and a long CDF window keeps the
   scenario's law, the prior, as those service times (LIVE_CDF_WINDOW).
@@ -127,7 +128,7 @@ POOL = "default"
 RETRY_DELAY_MS = 1.0
 """Swayam's Δ in the simulator's model of random dispatch (the policy's default), scenario ms."""
 LIVE_MODEL_WIRE_MS = 1.0
-"""d1 + d2 of the live Swayam model (gateway.autoscaling leaves SwayamPolicy's 0.5 + 0.5 ms)."""
+"""d1 + d2 of the live Swayam model (the replay fixes `[autoscaling] link_delay_ms` to half)."""
 LIVE_CDF_WINDOW = 65_536
 """The gateway's per-server CDF window: longer than a replay's results on one server, so the
 service times the live Swayam model reads stay the scenario's law (the prior), as in the
@@ -241,6 +242,8 @@ def pool_gateway_toml(scn: PoolScenario, policy: str, scale: float, servers: int
         f"setup_s = {scn.setup_s * scale!r}",
         f"idle_s = {scn.idle_s * scale!r}",
         f"history_s = {scn.history_s * scale!r}",
+        # d1 = d2 fixed, not measured on the links: the simulator beside runs the same model.
+        f"link_delay_ms = {LIVE_MODEL_WIRE_MS / 2.0!r}",
         f"burst = {scn.burst!r}",
         f"upper = {scn.upper!r}",
         f"lower = {scn.lower!r}",

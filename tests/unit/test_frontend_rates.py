@@ -350,14 +350,66 @@ def _loop(links: dict[str, Any], clock: _Clock) -> AutoscalerLoop:
     return AutoscalerLoop(service, scaling, _Actuator(), clock)  # type: ignore[arg-type]
 
 
-def _link(pool: str = "default", frontends: Any = (), heard_s: float | None = None) -> Any:
+def _link(
+    pool: str = "default",
+    frontends: Any = (),
+    heard_s: float | None = None,
+    rtt_ms: float | None = None,
+) -> Any:
     return SimpleNamespace(
         pool=pool,
         gateway_id="gw-a",
         load_per_s=None,
         frontends=list(frontends),
         frontends_s=heard_s,
+        rtt_ms=rtt_ms,
+        one_way_ms=0.0 if rtt_ms is None else rtt_ms / 2.0,
     )
+
+
+async def test_swayam_takes_d1_and_d2_from_the_pool_links_round_trips() -> None:
+    clock = _Clock()
+    links = {
+        "ts-1": _link(rtt_ms=0.2),
+        "ts-2": _link(rtt_ms=0.6),
+        "ts-3": _link(rtt_ms=3.0),
+        "ts-4": _link(),  # no round trip yet: not counted
+        "e-1": _link(pool="edge", rtt_ms=80.0),  # another pool's link: not counted
+    }
+    loop = _loop(links, clock)
+    policy = loop.policy
+    assert (policy.send_ms, policy.reply_ms) == (0.5, 0.5)  # type: ignore[union-attr]
+    assert loop.snapshot()["policy_state"]["link_delays"] == {"source": "default", "servers": 0}
+    loop.tasks_offered = 10
+    clock.t = 1.0
+    await loop.tick()
+    # The median one-way delay of the pool's three measured links: 0.6 / 2.
+    assert (policy.send_ms, policy.reply_ms) == (0.3, 0.3)  # type: ignore[union-attr]
+    state = loop.snapshot()["policy_state"]
+    assert state["link_delays"] == {"source": "measured", "servers": 3}
+    assert (state["send_ms"], state["reply_ms"]) == (0.3, 0.3)
+
+
+async def test_a_configured_link_delay_is_not_replaced_by_measurement() -> None:
+    clock = _Clock()
+    scaling = AutoscalingConfig(policy="swayam", max_replicas=8, link_delay_ms=2.0)
+    links = {"ts-1": _link(rtt_ms=0.2)}
+    cdf = SimpleNamespace(quantile=lambda q: 10.0)
+    service = SimpleNamespace(
+        config=GatewayConfig(autoscaling=scaling),
+        links=links,
+        pool_members={"default": list(links)},
+        book=SimpleNamespace(cdf_of=lambda server_id: cdf),
+    )
+    loop = AutoscalerLoop(service, scaling, _Actuator(), clock)  # type: ignore[arg-type]
+    loop.tasks_offered = 10
+    clock.t = 1.0
+    await loop.tick()
+    state = loop.snapshot()["policy_state"]
+    assert (state["send_ms"], state["reply_ms"]) == (2.0, 2.0)
+    assert state["link_delays"] == {"source": "configured", "servers": 0}
+    with pytest.raises(ValueError, match="link_delay_ms"):
+        AutoscalingConfig(policy="swayam", link_delay_ms=-1.0)
 
 
 async def test_the_autoscaler_publishes_its_rate_and_feeds_the_policy_the_sum() -> None:

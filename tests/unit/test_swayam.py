@@ -206,6 +206,25 @@ def test_policy_scales_out_to_the_rate_predicted_t_setup_ahead() -> None:
     assert s.decide(2.5, active=16) == ScaleDecision(2, "scale_out", 18)  # 550 req/s at t = 4.5
 
 
+def test_measured_link_delays_enter_the_waiting_model() -> None:
+    # A tight target: with d1 = d2 = 1 ms each retry costs d1 + d2 + Δ = 10 ms and d1 adds to
+    # every request; measured loopback delays (0.05 ms each way) leave more of the target
+    # to wait in, so fewer backends meet it.
+    def backends(send_ms: float | None) -> int:
+        s = create_policy(target_ms=20.0)
+        if send_ms is not None:
+            s.set_delays(send_ms, send_ms)
+        for t in (0.0, 1.0, 2.0):
+            s.observe(t, 300.0, [10.0])
+        return s.decide(2.0, active=1).replicas
+
+    assert (backends(0.05), backends(None)) == (24, 34)
+    with pytest.raises(PolicyValueError, match="send_ms"):
+        create_policy().set_delays(-0.1, 0.5)
+    with pytest.raises(PolicyValueError, match="reply_ms"):
+        create_policy().set_delays(0.5, math.inf)
+
+
 def test_policy_never_scales_in_but_shrinks_the_in_use_prefix_at_most_once_per_interval() -> None:
     # min_points above the sample count: the predictor reads back the last rate.
     s = create_policy(min_points=100, scale_in_interval_s=2.0)
