@@ -7,7 +7,8 @@ decision drives horizontal scaling (replicas) and vertical scaling (`vertical_st
 "replicas" is a scale level the shell maps to a service-time factor).
 
 Beyond the paper: cooldowns (the miss-ratio window still holds pre-scaling tasks right after
-a change), clamps to [min_replicas, max_replicas], a bounded decision history, and flap
+a change), clamps to [min_replicas, max_replicas], a bounded decision history (`DecisionLog`:
+one entry per change of decision, a run of equal ones counted in it), and flap
 damping: when a step down has to be undone by a step up before `down_cooldown_s` has passed,
 the thresholds straddle the load (one step down pushes the ratio over R_sth^U), so the
 down cooldown in force doubles (`flap_backoff`, up to `max_down_cooldown_s`); a step down that
@@ -26,12 +27,14 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
 from admission.errors import PolicyValueError
 
 __all__ = [
     "SCALE_DOWN_FACTOR",
     "SCALE_UP_FACTOR",
+    "DecisionLog",
     "ScaleDecision",
     "ThresholdAutoscaler",
     "vertical_step",
@@ -48,6 +51,43 @@ class ScaleDecision:
     delta: int
     reason: str  # e.g. "above_upper", "below_lower", "within_thresholds", "cooldown", "at_max"
     replicas: int  # the target replica count after the decision
+
+
+class DecisionLog:
+    """The last `size` decisions of an autoscaler, one entry per change.
+
+    An autoscaler decides every interval, and most decisions repeat the last one ("hold:
+    within thresholds", "hold: cooldown"). A decision whose `key` equals the last entry's,
+    and that changes nothing (`delta` 0), is counted in that entry instead of appended:
+    `repeats` (1 for a lone decision) and `last_time` (its latest `time`) grow, and the
+    figures that drift from decision to decision (a ratio, a predicted rate) take their
+    latest values. A step (`delta` != 0) always starts an entry of its own.
+    """
+
+    __slots__ = ("_entries", "_last_key")
+
+    def __init__(self, size: int) -> None:
+        self._entries: deque[dict[str, Any]] = deque(maxlen=size)
+        self._last_key: tuple[Any, ...] | None = None
+
+    def record(self, entry: dict[str, Any], key: tuple[Any, ...]) -> None:
+        """Log one decision: `entry` holds its `time` and `delta`; `key` what makes two
+        holds the same decision (its reason, the counts it held at)."""
+        entries = self._entries
+        last = entries[-1] if entries else None
+        held = entry["delta"] == 0 and key == self._last_key
+        if last is not None and held and last["delta"] == 0:
+            first_time, repeats = last["time"], last["repeats"]
+            last.update(entry)
+            last["time"], last["last_time"] = first_time, entry["time"]
+            last["repeats"] = repeats + 1
+            return
+        entries.append({**entry, "last_time": entry["time"], "repeats": 1})
+        self._last_key = key
+
+    def entries(self) -> list[dict[str, Any]]:
+        """The entries, oldest first (copies)."""
+        return [dict(e) for e in self._entries]
 
 
 class ThresholdAutoscaler:
@@ -112,7 +152,7 @@ class ThresholdAutoscaler:
         self.last_up_s: float | None = None
         self.last_change_s: float | None = None
         self.last_down_s: float | None = None
-        self._history: deque[dict] = deque(maxlen=history)
+        self._history = DecisionLog(history)
 
     def decide(self, miss_ratio: float, replicas: int, now: float) -> ScaleDecision:
         """One scaling step for the current miss ratio and replica count."""
@@ -139,14 +179,15 @@ class ThresholdAutoscaler:
             self.last_down_s = now
         if decision.delta != 0:
             self.last_change_s = now
-        self._history.append(
+        self._history.record(
             {
                 "time": now,
                 "ratio": miss_ratio,
                 "delta": decision.delta,
                 "reason": decision.reason,
                 "replicas": decision.replicas,
-            }
+            },
+            (decision.reason, decision.replicas),
         )
         return decision
 
@@ -164,7 +205,7 @@ class ThresholdAutoscaler:
             "effective_down_cooldown_s": self.effective_down_cooldown_s,
             "last_up_s": self.last_up_s,
             "last_change_s": self.last_change_s,
-            "decisions": list(self._history),
+            "decisions": self._history.entries(),
         }
 
     def _decide(self, miss_ratio: float, replicas: int, now: float) -> ScaleDecision:

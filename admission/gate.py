@@ -70,6 +70,8 @@ class AdmissionGate:
         self._pending: dict[str, list[int]] = {}
         """Per class: [misses, tasks] learned since the window was last read."""
         self._last_record = -math.inf
+        self._release_at: tuple[float, float | None] | None = None
+        """(the last record's time, when the time window releases) (release_after_s)."""
         ordered = sorted(classes, key=lambda c: (c.priority, c.name))
         self.controller = AdmissionController(
             rule=config.effective_rule,
@@ -141,6 +143,31 @@ class AdmissionGate:
         gauge falls when traffic stops instead of keeping its last value."""
         now = self.clock()
         return self._aged_window(now).ratio(now, cls)
+
+    def release_after_s(self) -> float | None:
+        """Seconds until the miss ratio, as admission reads it, falls below the release
+        threshold if no task outcome comes meanwhile (a Retry-After estimate for a query the
+        miss-ratio rules reject): a time window's misses age out (`release_after_s` of the
+        window); a count window that gets no task for window_max_age_s is cleared. 0.0 when
+        it is below already; None when the throttle decides (it admits a share at any time).
+        """
+        if self.controller.throttle is not None:
+            return None
+        now = self.clock()
+        window = self._aged_window(now)
+        level = self.controller.release_threshold
+        if window.window_tasks is None:
+            # The moment depends on the window's records only: worked out again only when
+            # a record came (rejections come in bursts, and the walk is over its chunks).
+            cached = self._release_at
+            if cached is None or cached[0] != self._last_record:
+                after = window.release_after_s(level, now)
+                at = None if after is None else now + after
+                cached = self._release_at = (self._last_record, at)
+            return None if cached[1] is None else max(cached[1] - now, 0.0)
+        if window.ratio(now) < level:
+            return 0.0
+        return max(self._last_record + self.config.window_max_age_s - now, 0.0)
 
     def pressure(self, queue_pressure: Callable[[], float] = _no_queue_pressure) -> Pressure:
         """The load as admission sees it now; the queue pressure is read only if the rule

@@ -42,7 +42,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from admission.autoscale import ScaleDecision
+from admission.autoscale import DecisionLog, ScaleDecision
 from admission.errors import PolicyValueError
 from admission.queueing_models import central_waiting_cdf, erlang_c
 
@@ -430,7 +430,7 @@ class SwayamPolicy:
         self.last_estimate: BackendEstimate | None = None
         self._service_ms: tuple[float, ...] | None = None
         self._last_scale_in_s: float | None = None
-        self._history: deque[dict] = deque(maxlen=history)
+        self._history = DecisionLog(history)
         self.constraints: tuple[tuple[float, float], ...] = ()
         """More (task percentile, target ms) pairs n must meet: the request groups' (see
         `task_targets`); () sizes for (percentile, target_ms) alone, as the paper."""
@@ -509,7 +509,7 @@ class SwayamPolicy:
         else:
             reason = "sufficient"
         decision = ScaleDecision(delta, reason, active + delta)
-        self._history.append(
+        self._history.record(
             {
                 "time": now,
                 "predicted_rate_per_s": rate,
@@ -518,7 +518,8 @@ class SwayamPolicy:
                 "active": active,
                 "delta": delta,
                 "reason": reason,
-            }
+            },
+            (reason, target, self.in_use, active),
         )
         return decision
 
@@ -549,7 +550,7 @@ class SwayamPolicy:
                 "meets_target": estimate.meets_target,
                 "utilisation": estimate.utilisation,
             },
-            "decisions": list(self._history),
+            "decisions": self._history.entries(),
         }
 
 

@@ -139,6 +139,30 @@ class MissRatioWindow:
         series = self._series(now, cls)
         return 0 if series is None else series.tasks
 
+    def release_after_s(self, level: float, now: float) -> float | None:
+        """Seconds from `now` until the overall ratio falls below `level` as the window's
+        records age out, if no task is recorded meanwhile: 0.0 when it is below already.
+
+        None for a count window (its records leave only as new tasks push them out) and for
+        a `level` <= 0. New tasks that meet their deadlines only bring the moment closer, so
+        for a time window this is the latest moment the window alone releases.
+        """
+        series = self._series(now, None)
+        assert series is not None
+        if series.ratio() < level:
+            return 0.0
+        if self.window_s is None or level <= 0:
+            return None
+        latest = self._latest
+        misses, tasks = series.misses, series.tasks
+        for t, m, n in series.chunks:
+            misses -= m
+            tasks -= n
+            # The chunk recorded at t leaves the window at t + window_s (see _evict).
+            if (misses / tasks if tasks else 0.0) < level:
+                return max(t + self.window_s - latest, 0.0)
+        raise AssertionError("an empty window's ratio is 0.0, below any level > 0")
+
     def snapshot(self, now: float) -> dict:
         """Overall and per-class ratio, tasks and misses, plus the window size."""
         overall = self._series(now, None)

@@ -16,6 +16,8 @@ import sys
 from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
+from taskserver.extras import EXTRAS, needs
+from taskserver.logformat import LOG_FORMATS, configure_logging
 from taskserver.queues import QueuePolicy
 
 if TYPE_CHECKING:
@@ -99,11 +101,15 @@ def _service_overrides(args: argparse.Namespace, spec: Any) -> Any:
 
 def _add_service_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("emulated service time")
-    g.add_argument("--service-kind", choices=["constant", "exponential", "lognormal", "quantiles"])
-    g.add_argument("--service-mean-ms", type=float)
-    g.add_argument("--service-median-ms", type=float)
-    g.add_argument("--service-sigma", type=float)
-    g.add_argument("--service-value-ms", type=float)
+    g.add_argument(
+        "--service-kind",
+        choices=["constant", "exponential", "lognormal", "quantiles"],
+        help="service-time distribution ([taskserver.service] kind, exponential)",
+    )
+    g.add_argument("--service-mean-ms", type=float, help="exponential: mean service time")
+    g.add_argument("--service-median-ms", type=float, help="lognormal: median service time")
+    g.add_argument("--service-sigma", type=float, help="lognormal: sigma of the log")
+    g.add_argument("--service-value-ms", type=float, help="constant: the service time")
     g.add_argument("--service-path", help="quantile file (one value in ms per line)")
     g.add_argument("--service-scale", type=float, help="time scale factor")
     g.add_argument(
@@ -112,8 +118,12 @@ def _add_service_args(p: argparse.ArgumentParser) -> None:
         help="quantile file: exponential tail beyond the last quantile, mean last/2 (paper, "
         "the default) or fitted to the top 1%% (fitted)",
     )
-    g.add_argument("--emulation", choices=["sleep", "spin"])
-    g.add_argument("--seed", type=int)
+    g.add_argument(
+        "--emulation",
+        choices=["sleep", "spin"],
+        help="how a service time is spent: sleep (default) or spin on the CPU",
+    )
+    g.add_argument("--seed", type=int, help="seed of the service-time draws")
 
 
 def _exit_with_parent() -> None:
@@ -175,6 +185,10 @@ def cmd_taskserver(args: argparse.Namespace) -> int:
         return 2
     executor = None
     if args.pipeline:
+        problem = needs("tailgate taskserver --pipeline", "onnxruntime")
+        if problem is not None:
+            print(problem, file=sys.stderr)
+            return 2
         try:
             executor = _pipeline_executor(args)
         except (ValueError, OSError, ImportError) as exc:
@@ -227,17 +241,41 @@ UP_EDGE_AGENTS = 4
 
 
 def _check_pipeline(spec: str) -> None:
-    """Fail before anything starts: onnxruntime missing, or a spec that does not load."""
-    try:
-        import onnxruntime  # noqa: F401 - only whether it imports
-    except ImportError as exc:
-        raise ImportError(
-            "--pipeline-servers needs onnxruntime: pip install -e '.[onnx]' "
-            f"(or '.[gpu]' for onnxruntime-gpu); importing it failed: {exc}"
-        ) from exc
+    """Fail before anything starts: a spec that does not load (onnxruntime is checked first)."""
     from onnx_models.pipeline_config import pipeline_config
 
     pipeline_config(spec)
+
+
+def _gateway_extras(command: str, gw: Any, autoscale: bool = False) -> str | None:
+    """The line naming the extra the gateway's configuration needs and lacks, if any: the
+    database driver of its storage URL, kubernetes for the Kubernetes actuator."""
+    if (gw.autoscaling.enabled or autoscale) and gw.autoscaling.actuator == "kubernetes":
+        problem = needs(f"{command} (actuator kubernetes)", "kubernetes")
+        if problem is not None:
+            return problem
+    return _storage_driver_problem(command, gw.storage_url)
+
+
+def _storage_driver_problem(command: str, url: str) -> str | None:
+    """One line when the storage URL's database driver does not import, else None."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url or "sqlite://")
+        driver = parsed.get_driver_name()
+    except (ArgumentError, ValueError):
+        return None  # not a URL SQLAlchemy reads: the history store reports it by name
+    if driver in EXTRAS:
+        return needs(f"{command} (storage {parsed.drivername})", driver)
+    try:
+        parsed.get_dialect().import_dbapi()
+    except ImportError as exc:
+        hint = "for PostgreSQL use postgresql+psycopg:// and pip install -e '.[postgres]'"
+        extra = f"; {hint}" if parsed.get_backend_name() == "postgresql" else ""
+        return f"{command}: storage {parsed.drivername} needs its driver {driver} ({exc}){extra}"
+    return None
 
 
 def up_edge_agents(given: int | None, cfg: Any) -> int:
@@ -311,6 +349,11 @@ def cmd_edge_agent_run(args: argparse.Namespace) -> int:
     if args.first is not None and args.count == 1:
         print("tailgate edge-agent run: --first: only applies with --count > 1", file=sys.stderr)
         return 2
+    if "://" in cfg.database:  # a URL, not a file: its driver may be an extra (postgres)
+        problem = _storage_driver_problem("tailgate edge-agent run", cfg.database)
+        if problem is not None:
+            print(problem, file=sys.stderr)
+            return 2
     try:
         configs = dense_agent_configs(cfg, args.count, 1 if args.first is None else args.first)
     except ValueError as exc:
@@ -344,6 +387,11 @@ def cmd_edge_agent_seed(args: argparse.Namespace) -> int:
     from edge_agent.config import AgentConfigError, option_of, parse_interval, parse_sensors
     from edge_agent.store import StoreError
 
+    if "://" in args.db:  # a URL, not a file: its driver may be an extra (postgres)
+        problem = _storage_driver_problem("tailgate edge-agent seed", args.db)
+        if problem is not None:
+            print(problem, file=sys.stderr)
+            return 2
     try:
         interval_s = parse_interval(args.interval)
         if interval_s < 1 or interval_s != int(interval_s):
@@ -445,11 +493,15 @@ def cmd_gateway(args: argparse.Namespace) -> int:
 
     gw = _load(args).gateway
     given = (("host", args.host), ("port", args.port), ("storage_url", args.storage_url))
-    changes = {k: v for k, v in given if v is not None}
+    changes = {k: v for k, v in (*given, ("access_log", args.access_log)) if v is not None}
     try:
         gw = dataclasses.replace(gw, **changes)
     except ValueError as exc:
         print(f"tailgate gateway: {exc}", file=sys.stderr)
+        return 2
+    problem = _gateway_extras("tailgate gateway", gw)
+    if problem is not None:
+        print(problem, file=sys.stderr)
         return 2
     stop = asyncio.Event()
     service = GatewayService(gw, registry=CollectorRegistry())
@@ -469,6 +521,8 @@ def cmd_up(args: argparse.Namespace) -> int:
             print(f"tailgate up: {exc}", file=sys.stderr)
             return 2
         cfg = dataclasses.replace(cfg, gateway=gw)
+    if args.access_log:
+        cfg = dataclasses.replace(cfg, gateway=dataclasses.replace(cfg.gateway, access_log=True))
     opts = UpOptions(
         servers=args.servers,
         edge_agents=up_edge_agents(args.edge_agents, cfg),
@@ -489,6 +543,12 @@ def cmd_up(args: argparse.Namespace) -> int:
         edge_time_scale=args.edge_time_scale,
         edge_seed=args.edge_seed,
     )
+    problem = _gateway_extras("tailgate up", cfg.gateway, args.autoscale)
+    if problem is None and opts.pipeline_servers:
+        problem = needs("tailgate up --pipeline-servers", "onnxruntime")
+    if problem is not None:
+        print(problem, file=sys.stderr)
+        return 2
     try:
         opts.validate()
         if opts.pipeline_servers:
@@ -554,15 +614,28 @@ def cmd_query(args: argparse.Namespace) -> int:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    """Validate a config file and print the effective configuration."""
+    """Validate a config file and print the effective configuration as tailgate.toml text."""
+    from deploy.config_toml import dump_config
+
     cfg = _load(args)
-    print(json.dumps(dataclasses.asdict(cfg.redacted()), indent=2, default=str))
+    # Redacted: tokens are left out and a storage password shows as ***.
+    print(dump_config(cfg.redacted()), end="")
     return 0
+
+
+def _add_access_log(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--access-log",
+        action="store_true",
+        default=None,
+        help="log one line per HTTP request (method, path, status, duration, bytes, request "
+        "id) in the --log-format; default: [gateway] access_log, off",
+    )
 
 
 def build_parser(*, light: bool = False) -> argparse.ArgumentParser:
     """The argument parser of every subcommand (light: leave out `sim`, for the edge agent)."""
-    parser = argparse.ArgumentParser(prog="tailgate", description=__doc__)
+    parser = argparse.ArgumentParser(prog="tailgate", description=DESCRIPTION)
     parser.add_argument(
         "--config", help="tailgate.toml (default: $TAILGATE_CONFIG, else built-in defaults)"
     )
@@ -572,6 +645,13 @@ def build_parser(*, light: bool = False) -> argparse.ArgumentParser:
         type=str.upper,
         choices=LOG_LEVELS,
         help="DEBUG, INFO (default), WARNING or ERROR, in any case",
+    )
+    parser.add_argument(
+        "--log-format",
+        default="text",
+        choices=LOG_FORMATS,
+        help="text (default) or json: one JSON object per line, for a log collector; "
+        "tailgate up starts its children with the same format",
     )
     parser.add_argument("--version", action="version", version=f"tailgate {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -657,20 +737,22 @@ def build_parser(*, light: bool = False) -> argparse.ArgumentParser:
         default=1,
         help="seed of the agents' profile draws (1: agent i draws with seed i)",
     )
+    _add_access_log(p)
     p.set_defaults(func=cmd_up)
 
     p = sub.add_parser("gateway", help="run the gateway")
-    p.add_argument("--host")
-    p.add_argument("--port", type=int)
+    p.add_argument("--host", help="HTTP bind address (default: [gateway] host, 127.0.0.1)")
+    p.add_argument("--port", type=int, help="HTTP port (default: [gateway] port, 8080)")
     p.add_argument(
         "--storage-url",
         help="history store: an SQLAlchemy URL (sqlite:///FILE, postgresql+psycopg://...), "
         "'' to keep it in memory (default: [gateway] storage_url)",
     )
+    _add_access_log(p)
     p.set_defaults(func=cmd_gateway)
 
     p = sub.add_parser("taskserver", help="run one task server (or --count emulated ones)")
-    p.add_argument("--id")
+    p.add_argument("--id", help="server id the gateway knows it by ([taskserver] server_id)")
     p.add_argument(
         "--count",
         type=int,
@@ -678,13 +760,17 @@ def build_parser(*, light: bool = False) -> argparse.ArgumentParser:
         help="emulated servers in this process, ID-1..ID-N, each with its own port, queue, "
         "slots, seed and registration (default 1)",
     )
-    p.add_argument("--host")
+    p.add_argument("--host", help="Thrift bind address ([taskserver] host, 127.0.0.1)")
     p.add_argument("--port", type=int, help="Thrift port (0: any free port)")
-    p.add_argument("--metrics-port", type=int)
-    p.add_argument("--policy", choices=[p.value for p in QueuePolicy])
-    p.add_argument("--slots", type=int)
+    p.add_argument("--metrics-port", type=int, help="/metrics and /healthz port (0: none)")
+    p.add_argument(
+        "--policy",
+        choices=[p.value for p in QueuePolicy],
+        help="task queue policy ([taskserver] policy, tf-edfq)",
+    )
+    p.add_argument("--slots", type=int, help="tasks served at once ([taskserver] slots, 1)")
     p.add_argument("--gateway", help="gateway URL to register with")
-    p.add_argument("--pool")
+    p.add_argument("--pool", help="gateway pool it registers in ([taskserver] pool, default)")
     p.add_argument("--advertise", help="host:port the gateway should dial")
     p.add_argument(
         "--idle-exit-s", type=float, help="retire after this long without a task (0: never)"
@@ -738,7 +824,7 @@ def build_parser(*, light: bool = False) -> argparse.ArgumentParser:
     p.add_argument(
         "--url",
         default="http://127.0.0.1:8080",
-        help="the gateway (http://127.0.0.1:8080; match `tailgate up --port`)",
+        help="the gateway (http://127.0.0.1:8080; match the port of tailgate up --port)",
     )
     p.add_argument("--class", dest="class_name", default="A", help="query class (A)")
     p.add_argument("--slo-ms", type=float, help="explicit SLO latency instead of a class")
@@ -767,10 +853,19 @@ def build_parser(*, light: bool = False) -> argparse.ArgumentParser:
         p.add_argument("rest", nargs=argparse.REMAINDER, help="see tailgate live run --help")
         p.set_defaults(func=cmd_live)
 
-    p = sub.add_parser("config", help="validate the config and print the effective values")
+    p = sub.add_parser(
+        "config",
+        help="validate the config and print the effective values as TOML (a tailgate.toml)",
+    )
     p.set_defaults(func=cmd_config)
     return parser
 
+
+DESCRIPTION = (
+    "Tailgate: a fanout gateway that keeps per-class tail-latency SLOs. Commands: up, "
+    "gateway, taskserver, edge-agent, query, sim, profile, live, config."
+)
+"""The top-level help's description (plain text: argparse prints it as is)."""
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 """--log-level values (any case)."""
@@ -786,22 +881,22 @@ def _version() -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``tailgate`` console script.
 
-    The global options (--config, --log-level) may come before or after the subcommand:
-    `tailgate up --config x.toml` is `tailgate --config x.toml up`.
+    The global options (--config, --log-level, --log-format) may come before or after the
+    subcommand: `tailgate up --config x.toml` is `tailgate --config x.toml up`.
     """
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config")
     pre.add_argument("--log-level")
+    pre.add_argument("--log-format")
     given, rest = pre.parse_known_args(sys.argv[1:] if argv is None else list(argv))
     head = [
         *(["--config", given.config] if given.config is not None else []),
         *(["--log-level", given.log_level] if given.log_level is not None else []),
+        *(["--log-format", given.log_format] if given.log_format is not None else []),
     ]
     parser = build_parser(light=bool(rest) and rest[0] == "edge-agent")
     args = parser.parse_args([*head, *rest])
-    logging.basicConfig(
-        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(args.log_level, args.log_format)
     try:
         return int(args.func(args) or 0)
     except BrokenPipeError:

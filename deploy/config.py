@@ -6,6 +6,7 @@ Layout of the file (every key optional; see README for each field)::
     [[classes]]          -> GatewayConfig.classes
     [[pools]]            -> GatewayConfig.pools, with [pools.prior] and [[pools.servers]]
     [taskserver]         -> taskserver.config.TaskServerConfig, with [taskserver.service]
+    [tracing]            -> taskserver.tracing.TracingConfig, for the gateway and task servers
 
 The environment is read here and nowhere else: ``TAILGATE_CONFIG`` names the
 file when no path is given. The registration token (the gateway's, and the one
@@ -28,6 +29,7 @@ from typing import Any
 from gateway.config import GatewayConfig, check_token
 from taskserver.config import TaskServerConfig
 from taskserver.tomlconfig import ConfigError, build, describe
+from taskserver.tracing import with_env
 
 ENV_CONFIG = "TAILGATE_CONFIG"
 ENV_TOKEN = "TAILGATE_AGENT_TOKEN"
@@ -78,7 +80,10 @@ def parse_config(
     data: Mapping[str, Any], source: str = "", env: Mapping[str, str] | None = None
 ) -> TailgateConfig:
     """Build the config from an already-parsed TOML document (and the token from ``env``)."""
-    known = {"gateway", "classes", "pools", "taskserver", "admission", "autoscaling", "allocation"}
+    known = {
+        *("gateway", "classes", "pools", "taskserver", "admission", "autoscaling", "allocation"),
+        "tracing",
+    }
     base = Path(source).parent if source else None
     try:
         for key in data:
@@ -100,8 +105,17 @@ def parse_config(
                         f"gateway.{section}", f"give [[{section}]] once, at the top level"
                     )
                 gw[section] = data[section]
+        if "tracing" in data:
+            # One [tracing] table for every process the file configures.
+            for table, name in ((gw, "gateway"), (ts, "taskserver")):
+                if "tracing" in table:
+                    raise ConfigError(f"{name}.tracing", "give [tracing] once, at the top level")
+                table["tracing"] = data["tracing"]
         gateway = _build_top(GatewayConfig, gw, "gateway")
         taskserver = _build_top(TaskServerConfig, ts, "taskserver")
+        env_ = env or {}
+        gateway = dataclasses.replace(gateway, tracing=with_env(gateway.tracing, env_))
+        taskserver = dataclasses.replace(taskserver, tracing=with_env(taskserver.tracing, env_))
         if taskserver.token is not None:
             try:
                 check_token(taskserver.token)
@@ -171,7 +185,7 @@ def _build_top(cls: type, table: Any, name: str) -> Any:
     except ConfigError as exc:
         # Classes and pools live at the top level of the file: name them as written there.
         key = exc.key
-        for section in ("classes", "pools", "admission", "autoscaling", "allocation"):
+        for section in ("classes", "pools", "admission", "autoscaling", "allocation", "tracing"):
             key = key.replace(f"gateway.{section}", section)
         raise ConfigError(key, exc.message) from None
 

@@ -570,6 +570,7 @@ async def up(cfg: TailgateConfig, opts: UpOptions, stop: asyncio.Event | None = 
     stop = asyncio.Event() if stop is None else stop
     from aiohttp import web
 
+    from gateway.access_log import access_log_options
     from gateway.app import create_app
     from gateway.service import GatewayService
 
@@ -601,7 +602,7 @@ async def up(cfg: TailgateConfig, opts: UpOptions, stop: asyncio.Event | None = 
     token = gw_cfg.token or secrets.token_urlsafe(32)
     gw_cfg = dataclasses.replace(gw_cfg, token=token)
     service = GatewayService(gw_cfg, registry=CollectorRegistry())
-    runner = web.AppRunner(create_app(service), access_log=None)
+    runner = web.AppRunner(create_app(service), **access_log_options(gw_cfg.access_log))
     await runner.setup()
     children = ChildSupervisor()
     try:

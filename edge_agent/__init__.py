@@ -13,8 +13,10 @@ Errors::
      ├── StoreError             the store cannot be opened, fails its check, or a query failed
      │    └── UnknownSensor     no sensor of that name (the message lists the known ones)
      ├── ReaderError            one sensor read failed; logged and counted, never fatal
-     ├── ExecutorError          (taskserver) a sensing task's bad parameter, naming the field;
-     │                          the message goes back to the gateway
+     ├── ExecutorError          (taskserver) a sensing task failed (the store); the message
+     │    │                     goes back to the gateway
+     │    └── InvalidTask       (taskserver) a sensing task's bad parameter, naming the field;
+     │                          the gateway answers its client 400
      └── ValueError
           └── AgentConfigError  a bad option, named as on the command line
 """

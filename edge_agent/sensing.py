@@ -36,12 +36,18 @@ end), sleep their profile draw and answer without readings::
 so many emulated agents can share one process and one store while the read path stays
 exercised. The ``status`` task counts both kinds (``real_reads``, ``emulated_reads``).
 
+The payload rules (ops, sensors, times, end after start) live in
+`taskserver.sensing_payload`, which the gateway checks queries by as well.
+
 Errors::
 
-    taskserver.executors.ExecutorError   a bad parameter, the message naming the field
-                                         ("op", "sensor"/"sensors", "start", "end"), or
-                                         a store failure ("store: ..."); it goes back
-                                         to the gateway as the task's error
+    taskserver.executors.ExecutorError   a store failure ("store: ..."); it goes back to
+     │                                   the gateway as the task's error (502)
+     └── taskserver.abc.InvalidTask      a bad parameter, the message naming the field
+                                         ("payload", "op", "sensor"/"sensors", "start",
+                                         "end"), the retention horizon, an unknown sensor
+                                         or too many rows included; the gateway answers
+                                         its client 400 naming the field
 """
 
 from __future__ import annotations
@@ -59,44 +65,24 @@ from typing import Any
 
 from edge_agent.profiles import ServiceProfile
 from edge_agent.store import Readings, SensorStore, StoreError, UnknownSensor
-from taskserver import jsonbody
-from taskserver.abc import Executor, ExecutorError
+from taskserver.abc import Executor, ExecutorError, InvalidTask
+from taskserver.sensing_payload import (
+    OPS,
+    SENSING_EXECUTOR,
+    SensingTask,
+    check_sensing_task,
+    parse_payload,
+    parse_time,
+)
 
 __all__ = ["OPS", "SensingExecutor", "decode_series", "encode_series", "iso", "parse_time"]
 
-OPS = ("latest", "range", "status")
 DAY_S = 86_400
 
 
 def iso(ts: int) -> str:
     """Unix seconds as an ISO 8601 UTC timestamp ('2026-01-01T00:00:00Z')."""
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-_MIN_UNIX_S = datetime(1, 1, 1, tzinfo=UTC).timestamp()
-_MAX_UNIX_S = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC).timestamp()
-
-
-def parse_time(value: Any, field: str) -> float:
-    """An ISO 8601 string (naive = UTC) or unix seconds, as unix seconds; else ExecutorError."""
-    if isinstance(value, bool):
-        raise ExecutorError(f"{field}: must be an ISO 8601 timestamp or unix seconds")
-    if isinstance(value, int | float):
-        # The span of ISO 8601 timestamps (years 1..9999): a store keys readings by int64.
-        if not (_MIN_UNIX_S <= value <= _MAX_UNIX_S):  # False for NaN too
-            raise ExecutorError(
-                f"{field}: must be unix seconds within years 1..9999, got {value!r}"
-            )
-        return float(value)
-    if not isinstance(value, str):
-        raise ExecutorError(f"{field}: must be an ISO 8601 timestamp, got {value!r}")
-    try:
-        dt = datetime.fromisoformat(value)
-    except ValueError as exc:
-        raise ExecutorError(f"{field}: not an ISO 8601 timestamp: {value[:40]!r}") from exc
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=UTC)
-    return dt.timestamp()
 
 
 def encode_series(readings: Readings, decimals: int = 2) -> str:
@@ -148,7 +134,7 @@ def decode_series(series: dict[str, Any]) -> list[tuple[int, float]]:
 class SensingExecutor(Executor):
     """Runs sensing tasks against a SensorStore; DB work runs in a worker thread."""
 
-    name = "sensing"
+    name = SENSING_EXECUTOR
 
     def __init__(
         self,
@@ -190,10 +176,10 @@ class SensingExecutor(Executor):
         self._sample_rng = random.Random(None if seed is None else f"read-sample-{seed}")
 
     async def execute(self, payload: bytes, *, budget_ms: float | None = None) -> bytes:
-        request = _parse(payload)
-        op = request.get("op")
-        if op is None:
-            raise ExecutorError(f"op: missing; expected one of {', '.join(OPS)}")
+        # The rules the gateway checks too (taskserver.sensing_payload); what only this
+        # agent can judge (horizon, sensors, row limit) is an InvalidTask as well.
+        task = check_sensing_task(parse_payload(payload))
+        op = task.op
         if op == "status":
             return await asyncio.to_thread(self._status)
         started = time.perf_counter()
@@ -201,8 +187,8 @@ class SensingExecutor(Executor):
             self.profile.sample_ms(self._rng) * self.time_scale if self.profile is not None else 0.0
         )
         if op == "range":
-            sensors = _sensors(request)
-            start_s, end_s = self._window(request)
+            sensors = list(task.sensors)
+            start_s, end_s = self._window(task)
             if self.read_sample < 1.0 and self._sample_rng.random() >= self.read_sample:
                 result = self._emulated_range(sensors, start_s, end_s)
                 self.emulated_reads += 1
@@ -211,11 +197,8 @@ class SensingExecutor(Executor):
                 return result
             result = await asyncio.to_thread(self._range, sensors, start_s, end_s)
             self.real_reads += 1
-        elif op == "latest":
-            sensor = _sensor(request)
-            result = await asyncio.to_thread(self._latest, sensor)
         else:
-            raise ExecutorError(f"op: unknown {op!r}; expected one of {', '.join(OPS)}")
+            result = await asyncio.to_thread(self._latest, task.sensors[0])
         if self.profile is not None:
             query_s = time.perf_counter() - started
             wait_s = self.profile.service_s(drawn_ms, query_s) - query_s
@@ -223,22 +206,15 @@ class SensingExecutor(Executor):
                 await asyncio.sleep(wait_s)
         return result
 
-    def _window(self, request: dict[str, Any]) -> tuple[int, int]:
-        for field in ("start", "end"):
-            if field not in request:
-                raise ExecutorError(f"{field}: missing (ISO 8601 timestamp or unix seconds)")
-        start = parse_time(request["start"], "start")
-        end = parse_time(request["end"], "end")
-        if end <= start:
-            raise ExecutorError(
-                f"end: must be after start (start {request['start']}, end {request['end']})"
-            )
+    def _window(self, task: SensingTask) -> tuple[int, int]:
+        start, end = task.start_s, task.end_s
         horizon = self.clock() - self.retention_s
         if start < horizon:
             days = self.retention_s / DAY_S
-            raise ExecutorError(
-                f"start: {request['start']} is before the retention horizon "
-                f"{iso(math.ceil(horizon))} ({days:g} days are kept)"
+            raise InvalidTask(
+                "start",
+                f"{task.start_text} is before the retention horizon "
+                f"{iso(math.ceil(horizon))} ({days:g} days are kept)",
             )
         # Integer readings: ts >= start <=> ts >= ceil(start); ts < end <=> ts < ceil(end).
         return math.ceil(start), math.ceil(end)
@@ -247,14 +223,15 @@ class SensingExecutor(Executor):
         try:
             data = self.store.range(sensors, start_s, end_s, limit=self.max_rows + 1)
         except UnknownSensor as exc:
-            raise ExecutorError(f"sensor: {exc}") from exc
+            raise InvalidTask("sensor", str(exc)) from exc
         except StoreError as exc:
             raise ExecutorError(f"store: {exc}") from exc
         for name, points in data.items():
             if len(points) > self.max_rows:
-                raise ExecutorError(
-                    f"end: more than {self.max_rows} readings of {name!r} in the range; "
-                    "narrow start..end"
+                raise InvalidTask(
+                    "end",
+                    f"more than {self.max_rows} readings of {name!r} in the range; "
+                    "narrow start..end",
                 )
         head = {
             "agent": self.agent_id,
@@ -274,7 +251,7 @@ class SensingExecutor(Executor):
         known = self.store.sensor_names()
         for name in sensors:
             if name not in known:
-                raise ExecutorError(f"sensor: {UnknownSensor(name, known)}")
+                raise InvalidTask("sensor", str(UnknownSensor(name, known)))
         result = {
             "agent": self.agent_id,
             "op": "range",
@@ -288,7 +265,7 @@ class SensingExecutor(Executor):
         try:
             row = self.store.latest(sensor)
         except UnknownSensor as exc:
-            raise ExecutorError(f"sensor: {exc}") from exc
+            raise InvalidTask("sensor", str(exc)) from exc
         except StoreError as exc:
             raise ExecutorError(f"store: {exc}") from exc
         result = {
@@ -323,39 +300,3 @@ class SensingExecutor(Executor):
     def __repr__(self) -> str:
         profile = self.profile.name if self.profile is not None else "none"
         return f"SensingExecutor(agent_id={self.agent_id!r}, store={self.store!r}, {profile=})"
-
-
-def _parse(payload: bytes) -> dict[str, Any]:
-    try:
-        request = jsonbody.loads(payload) if payload else None
-    except jsonbody.JsonError as exc:
-        raise ExecutorError(f"payload: {exc}") from exc
-    if not isinstance(request, dict):
-        raise ExecutorError('payload: must be a JSON object such as {"op": "latest", ...}')
-    return request
-
-
-def _sensor(request: dict[str, Any]) -> str:
-    sensor = request.get("sensor")
-    if sensor is None:
-        raise ExecutorError("sensor: missing")
-    if not isinstance(sensor, str) or not sensor:
-        raise ExecutorError(f"sensor: must be a sensor name, got {sensor!r}")
-    return sensor
-
-
-def _sensors(request: dict[str, Any]) -> list[str]:
-    if "sensors" not in request:
-        if "sensor" not in request:
-            raise ExecutorError('sensor: missing (give "sensor" or "sensors")')
-        return [_sensor(request)]
-    if "sensor" in request:
-        raise ExecutorError('sensors: give either "sensor" or "sensors", not both')
-    sensors = request["sensors"]
-    if (
-        not isinstance(sensors, list)
-        or not sensors
-        or not all(isinstance(s, str) and s for s in sensors)
-    ):
-        raise ExecutorError(f"sensors: must be a non-empty list of sensor names, got {sensors!r}")
-    return list(dict.fromkeys(sensors))

@@ -17,11 +17,21 @@ from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from gateway import dashboard
-from gateway.errors import ApiError, BadRequest, NotFound, PayloadTooLarge, Unauthorized
+from gateway.access_log import access_log_options
+from gateway.errors import (
+    ApiError,
+    BadRequest,
+    NotFound,
+    PayloadTooLarge,
+    Unauthorized,
+    UnsupportedMediaType,
+)
 from gateway.openapi import openapi_document
 from gateway.queries import QueryOutcome
+from gateway.request_ids import caller_of, stamp_response
 from gateway.request_path import RequestPath
 from gateway.requests import parse_multi_query, parse_query, parse_register
+from gateway.retry_after import delta_seconds
 from gateway.service import GatewayService
 from taskserver import jsonbody
 
@@ -41,19 +51,21 @@ QUERY_STATUS = {
     QueryOutcome.REJECTED: 503,
     QueryOutcome.TIMEOUT: 504,
     QueryOutcome.FAILED: 502,
+    QueryOutcome.INVALID: 400,
 }
 """The HTTP status of each way a query ends."""
 assert set(QUERY_STATUS) == set(QueryOutcome)
 
 
 def retry_after_s(exc: ApiError | None, configured_s: int) -> int:
-    """Retry-After seconds for a 503: the error's own estimate when it has one (the
-    predictive admission rule's), else the configured seconds."""
+    """Retry-After seconds for a 503: the error's own estimate when it has one (its
+    `retry_after_s`: the admission window's, the predictive rule's, the servers' or the
+    drain's, gateway.retry_after), else the configured seconds."""
     estimate = None if exc is None else exc.extra.get("retry_after_s")
-    if isinstance(estimate, int | float) and math.isfinite(estimate):
-        # HTTP delta-seconds (RFC 9110 §10.2.3) are whole; at least 1, so no retry at once.
-        return max(math.ceil(estimate), 1)
-    return configured_s
+    if isinstance(estimate, bool) or not isinstance(estimate, int | float):
+        estimate = None
+    # HTTP delta-seconds (RFC 9110 §10.2.3) are whole; at least 1, so no retry at once.
+    return delta_seconds(estimate, configured_s)
 
 
 def _retry_after(request: web.Request, exc: ApiError | None = None) -> dict[str, str]:
@@ -71,7 +83,8 @@ def _error_response(exc: ApiError, request: web.Request | None = None) -> web.Re
 
 @web.middleware
 async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
-    """Every error leaves as JSON naming the problem; nothing crashes the gateway."""
+    """Every error leaves as JSON naming the problem (`field` null when no field is at
+    fault); nothing crashes the gateway."""
     try:
         return await handler(request)
     except ApiError as exc:
@@ -88,6 +101,9 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
             # RFC 9110 §15.5.6: a 405 lists the methods the resource takes.
             headers["Allow"] = ", ".join(sorted(exc.allowed_methods))
         return web.json_response(body, status=exc.status, headers=headers)
+    except Exception:  # a bug: answered as JSON too, and logged with its traceback
+        log.exception("internal error on %s %s", request.method, request.path)
+        return _error_response(ApiError("internal error; see the gateway's log"))
 
 
 @web.middleware
@@ -100,10 +116,46 @@ async def _close_when_draining(request: web.Request, handler: Any) -> web.Stream
     return response
 
 
+JSON_MEDIA_TYPE = "application/json"
+"""What a request body must be; a charset parameter, if any, must be utf-8 (RFC 8259 §8.1)."""
+
+
+def check_media_type(content_type: str | None) -> None:
+    """UnsupportedMediaType (415) unless a request body's Content-Type is JSON.
+
+    `application/json`, with any parameters but a charset other than utf-8, is JSON. A
+    body without Content-Type is taken as JSON too: RFC 9110 §8.3 lets a recipient examine
+    the data then, and the body is parsed as JSON (400 if it is not). A form (what
+    `curl -d` sends), text or anything else named is refused, naming what was sent.
+    """
+    if content_type is None:
+        return
+    media, _, params = content_type.partition(";")
+    media = media.strip().lower()
+    if media != JSON_MEDIA_TYPE:
+        shown = media or "(empty)"
+        raise UnsupportedMediaType(
+            f"Content-Type {shown[:100]!r} is not supported: send the body as "
+            f"{JSON_MEDIA_TYPE} (curl: -H 'Content-Type: {JSON_MEDIA_TYPE}', or --json)",
+            field="Content-Type",
+            headers={"Accept-Post": JSON_MEDIA_TYPE},
+        )
+    for param in params.split(";"):
+        name, _, value = param.partition("=")
+        charset = value.strip().strip('"').lower()
+        if name.strip().lower() == "charset" and charset not in ("utf-8", "utf8"):
+            raise UnsupportedMediaType(
+                f"charset {charset[:40]!r} is not supported: JSON is UTF-8 (RFC 8259)",
+                field="Content-Type",
+                headers={"Accept-Post": JSON_MEDIA_TYPE},
+            )
+
+
 async def _json_body(request: web.Request) -> Any:
     raw = await request.read()
     if not raw:
         raise BadRequest("request body is empty; expected a JSON object", field="")
+    check_media_type(request.headers.get("Content-Type"))
     try:
         return jsonbody.loads(raw)
     except jsonbody.JsonError as exc:
@@ -143,12 +195,15 @@ async def post_query(request: web.Request) -> web.Response:
     """POST /v1/queries: fan a query out and answer with every task's outcome."""
     service = request.app[SERVICE_KEY]
     t0 = service.clock()
+    caller = caller_of(request)
     body = await _json_body(request)
     req = parse_query(body, service.config)
-    answer = await service.run_query(req, t0)
+    answer = await service.run_query(req, t0, caller=caller)
     status = QUERY_STATUS[answer.outcome]
     headers = _retry_after(request) if answer.outcome.may_retry else None
-    return web.json_response(answer.body, status=status, headers=headers)
+    return web.json_response(
+        {**answer.body, "request_id": caller.request_id}, status=status, headers=headers
+    )
 
 
 async def post_request(request: web.Request) -> web.Response:
@@ -161,7 +216,7 @@ async def post_request(request: web.Request) -> web.Response:
     service = request.app[SERVICE_KEY]
     t0 = service.clock()
     req = parse_multi_query(await _json_body(request), service.config)
-    answer = await request.app[REQUESTS_KEY].run(req, t0)
+    answer = await request.app[REQUESTS_KEY].run(req, t0, caller=caller_of(request))
     headers = _retry_after(request) if answer.outcome.may_retry else None
     return web.json_response(answer.body, status=QUERY_STATUS[answer.outcome], headers=headers)
 
@@ -224,7 +279,18 @@ async def get_classes(request: web.Request) -> web.Response:
     return web.json_response({"classes": classes})
 
 
-MONOTONIC_KEYS = frozenset({"now", "time", "time_s", "overloaded_since", "last_scale_s"})
+MONOTONIC_KEYS = frozenset(
+    {
+        "now",
+        "time",
+        "time_s",
+        "last_time",
+        "overloaded_since",
+        "last_scale_s",
+        "last_up_s",
+        "last_change_s",
+    }
+)
 """Keys of the policy snapshots that hold the service clock's (monotonic) seconds."""
 COUNT_TABLES = frozenset({"replicas"})
 """Tables whose `now` is a count, not a time."""
@@ -309,7 +375,9 @@ async def readyz(request: web.Request) -> web.Response:
         "servers_up": up,
         "servers": len(service.links),
     }
-    return web.json_response(body, status=200 if ready else 503)
+    if ready:
+        return web.json_response(body)
+    return web.json_response(body, status=503, headers=_retry_after(request))  # every 503
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -351,7 +419,9 @@ def create_app(service: GatewayService) -> web.Application:
         middlewares=[_close_when_draining, _errors], client_max_size=service.config.max_body_bytes
     )
     app[SERVICE_KEY] = service
-    app[REQUESTS_KEY] = RequestPath(service, f"req-{uuid.uuid4().hex[:8]}")
+    app[REQUESTS_KEY] = RequestPath(
+        service, f"req-{uuid.uuid4().hex[:8]}", tracer=service.query.tracer
+    )
     for method, path, handler in ROUTES:
         app.router.add_route(method, path, handler)
 
@@ -360,6 +430,8 @@ def create_app(service: GatewayService) -> web.Application:
         response.headers["Server"] = SERVER_HEADER
 
     app.on_response_prepare.append(server_header)
+    # X-Request-Id and traceparent on every answer, errors included (gateway.request_ids).
+    app.on_response_prepare.append(stamp_response)
 
     async def lifecycle(_: web.Application) -> Any:
         await service.start()
@@ -385,7 +457,9 @@ async def serve(
     config = service.config
     stop = asyncio.Event() if stop is None else stop
     # Handlers still running after the drain are registration calls: a short wait is plenty.
-    runner = web.AppRunner(create_app(service), access_log=None, shutdown_timeout=5.0)
+    runner = web.AppRunner(
+        create_app(service), **access_log_options(config.access_log), shutdown_timeout=5.0
+    )
     await runner.setup()
     try:
         site = web.TCPSite(runner, config.host, config.port)

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from admission import MissRatioWindow, ScaleDecision, SwayamPolicy, ThresholdAutoscaler
 from gateway.config import AutoscalingConfig
+from taskserver.backoff import RetryLog
 from taskserver.frontends import FrontendRates
 from taskserver.spawn import taskserver_argv
 
@@ -92,6 +93,8 @@ class AutoscalerLoop:
         """Tasks of the queries that arrived for the pool, admitted or not: Swayam's request
         rate is the demand at the front end, not what admission let through."""
         self.last_error = ""
+        self._failures = RetryLog("autoscaler", every_s=60.0)
+        """What to log of failing ticks: the first, a new error, one line a minute."""
         self.actions: deque[dict[str, Any]] = deque(maxlen=100)
         self.decisions: Counter[str] = Counter()
         """Decisions taken, by action: up, down or hold."""
@@ -180,7 +183,13 @@ class AutoscalerLoop:
                 await self.tick()
             except Exception as exc:  # an actuator failure must not stop the loop
                 self.last_error = str(exc)
-                log.warning("autoscaler: %s", exc)
+                line = self._failures.failed(str(exc), self.clock())
+                if line is not None:
+                    log.warning("%s", line, extra={"pool": self.config.pool})
+            else:
+                line = self._failures.succeeded(self.clock())
+                if line is not None:
+                    log.info("%s", line, extra={"pool": self.config.pool})
 
     async def tick(self) -> dict[str, Any] | None:
         """Decide once and act; returns the action taken, if any."""
@@ -222,7 +231,7 @@ class AutoscalerLoop:
             "reason": decision.reason,
         }
         self.actions.append(action)
-        log.info("autoscaler: %s replicas %d -> %d", decision.reason, replicas, now_replicas)
+        log_scaling(self.config.pool, replicas, target, now_replicas, decision.reason)
         # Misses that led to this step say nothing about the new capacity.
         self.window = MissRatioWindow(window_tasks=self.config.window_tasks)
         return action
@@ -383,4 +392,20 @@ def make_actuator(
         )
     return KubernetesActuator(
         name=config.k8s_name, namespace=config.k8s_namespace, kind=config.k8s_kind
+    )
+
+
+def log_scaling(pool: str, was: int, target: int, now: int, reason: str) -> None:
+    """One line per scaling action: up or down, from and to how many servers, and why."""
+    direction = "up" if target > was else "down"
+    short = "" if now == target else f" (asked for {target})"
+    log.info(
+        "autoscaler: scale %s pool %s from %d to %d servers%s: %s",
+        direction,
+        pool,
+        was,
+        now,
+        short,
+        reason,
+        extra={"pool": pool, "outcome": f"scale-{direction}", "from": was, "to": now},
     )

@@ -14,6 +14,7 @@ from admission.config import AdmissionConfig, AllocationConfig
 from taskserver.queues import QueuePolicy
 from taskserver.registration import check_cluster_name, check_token
 from taskserver.service_time import ServiceSpec
+from taskserver.tracing import TracingConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,6 +303,11 @@ class GatewayConfig:
     replica: str = ""
     """This gateway's name in a history store that several replicas share (each reads back
     only its own samples); "" uses the host name, which a StatefulSet keeps per replica."""
+    tracing: TracingConfig = field(default_factory=TracingConfig)
+    """OpenTelemetry spans of queries and tasks ([tracing] in tailgate.toml)."""
+    access_log: bool = False
+    """Log one line per HTTP request (logger gateway.access): method, path, status, duration,
+    bytes and the X-Request-Id; in the process's log format (--log-format)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

@@ -1,9 +1,12 @@
 """The built-in dashboard: a page, its script and style, and the JSON it polls.
 
-``GET /dashboard`` serves ``static/dashboard.html``; its script (no library, no CDN)
-draws canvas charts from ``GET /v1/history`` (the stored samples, gateway.history) and
-``GET /v1/dashboard`` (what only the present shows: servers and their state, each
-server's post-queuing CDF, thresholds, SLOs and the autoscaler's recent actions).
+``GET /dashboard`` serves ``static/dashboard.html``; its script draws uPlot charts (the
+library is vendored under ``static/vendor/uplot/`` and served from here: no CDN) from
+``GET /v1/history`` (the stored samples, gateway.history), ``GET /v1/dashboard`` (what only
+the present shows: servers and their state, each server's post-queuing CDF, thresholds,
+SLOs and the autoscaler's recent actions) and, with autoscaling on, ``GET /v1/autoscaler``.
+Every poll reads figures the gateway already keeps; nothing is computed per poll beyond
+the snapshot below.
 """
 
 from __future__ import annotations
@@ -28,8 +31,13 @@ STATIC_FILES = {
     "dashboard.html": "text/html",
     "dashboard.js": "text/javascript",
     "dashboard.css": "text/css",
+    # uPlot 1.6.32, vendored unchanged (static/vendor/uplot/README.md).
+    "vendor/uplot/uPlot.iife.min.js": "text/javascript",
+    "vendor/uplot/uPlot.min.css": "text/css",
+    "vendor/uplot/LICENSE": "text/plain",
 }
-"""The files under gateway/static/ the gateway serves, with their media types."""
+"""The files under gateway/static/ the gateway serves (paths relative to it), with their
+media types; nothing else under /dashboard/ is served."""
 CDF_CURVES = 24
 """Most CDF curves the live snapshot carries (servers sharing a CDF share a curve)."""
 CDF_LEVELS = (*(i / 50 for i in range(1, 50)), 0.99, 0.995, 0.999)
@@ -41,7 +49,7 @@ SERVER_ROWS = 200
 @functools.cache
 def static_file(name: str) -> bytes:
     """The bytes of one packaged static file (read once)."""
-    return resources.files("gateway").joinpath("static", name).read_bytes()
+    return resources.files("gateway").joinpath("static", *name.split("/")).read_bytes()
 
 
 def since_param(raw: str | None, default_s: float) -> float:
@@ -69,6 +77,8 @@ def live_snapshot(service: GatewayView, wall: float) -> dict[str, Any]:
         {
             **service.server_view(lk),
             "miss_ratio": round(windows.server_ratio(lk.server_id, lk.pool, now), 6),
+            # Since the server last sent anything: an edge agent's staleness.
+            "silent_s": round(lk.silent_s, 3),
         }
         for lk in links[:SERVER_ROWS]
     ]
@@ -90,8 +100,11 @@ def live_snapshot(service: GatewayView, wall: float) -> dict[str, Any]:
     actions = []
     if scaler is not None:
         for act in scaler.actions:
-            # Actions carry the service clock; the page draws wall-clock time.
-            actions.append({**act, "t": round(wall - (now - act["time_s"]), 3)})
+            # Actions carry the service clock; the page draws wall-clock time (`t`, unix
+            # seconds), and the service clock's value is named for what it is.
+            entry = {k: v for k, v in act.items() if k != "time_s"}
+            entry["time_monotonic_s"] = act["time_s"]
+            actions.append({**entry, "t": round(wall - (now - act["time_s"]), 3)})
     return {
         "now": round(wall, 3),
         "history": {
@@ -101,6 +114,7 @@ def live_snapshot(service: GatewayView, wall: float) -> dict[str, Any]:
             "samples_written": service.history.samples_written,
             "last_error": service.history.last_error,
         },
+        "heartbeat": {"interval_s": config.heartbeat_s, "timeout_s": config.heartbeat_timeout_s},
         "classes": [
             {"name": c.name, "percentile": c.percentile, "latency_ms": c.latency_ms}
             for c in config.classes
@@ -139,7 +153,7 @@ def routes(service_of: ServiceOf) -> list[tuple[str, str, Any]]:
         return _static("dashboard.html")
 
     async def asset(request: web.Request) -> web.Response:
-        """GET /dashboard/{file}: the page's script and style."""
+        """GET /dashboard/{file}: the page's script, style and the vendored chart library."""
         name = request.match_info["file"]
         if name not in STATIC_FILES or name == "dashboard.html":
             raise NotFound(f"no dashboard file {name!r}", field="file")
@@ -165,7 +179,7 @@ def routes(service_of: ServiceOf) -> list[tuple[str, str, Any]]:
 
     return [
         ("GET", "/dashboard", page),
-        ("GET", "/dashboard/{file}", asset),
+        ("GET", "/dashboard/{file:.+}", asset),
         ("GET", "/v1/dashboard", dashboard),
         ("GET", "/v1/history", history),
     ]

@@ -2,11 +2,14 @@
 
 ::
 
-    ApiError                  {"error": {"code", "message", "field"}}
+    ApiError                  {"error": {"code", "message", "field"}}; field is null when
+    │                         no field is at fault, "" for the body as a whole
+    │                         (500 internal: a bug, logged)
     ├── BadRequest            400: the body or a parameter is invalid (names the field)
     ├── Unauthorized          401: registration without the right token (WWW-Authenticate)
     ├── NotFound              404
     ├── PayloadTooLarge       413
+    ├── UnsupportedMediaType  415: a request body that is not application/json
     ├── SloUnreachableError   422: the SLO is below the unloaded p-th latency
     └── Unavailable           503: no server can take the query now (Retry-After)
 """
@@ -74,6 +77,13 @@ class PayloadTooLarge(ApiError):
 
     status = 413
     code = "payload_too_large"
+
+
+class UnsupportedMediaType(ApiError):
+    """415."""
+
+    status = 415
+    code = "unsupported_media_type"
 
 
 class SloUnreachableError(ApiError):

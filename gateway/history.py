@@ -36,7 +36,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
@@ -67,7 +67,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 TOP_SERVERS = 16
-"""Servers whose queue depth a sample keeps (the deepest); pools are always summed."""
+"""Servers whose queue depth a sample keeps (the deepest); pools are always summed. Also the
+most pipeline servers whose goodput a sample keeps (the busiest)."""
+PIPELINE_EXECUTOR = "pipeline"
+"""The executor name of a pipeline task server (taskserver.pipeline.PipelineExecutor)."""
+EDGE_EXECUTOR = "sensing"
+"""The executor name of an edge agent (edge_agent.SensingExecutor)."""
 MAX_SAMPLES = 2000
 """Most samples one read returns; longer ranges are thinned evenly."""
 
@@ -111,6 +116,19 @@ class Figures:
     """Server state -> servers."""
     replicas: dict[str, int]
     """Autoscaled pool -> servers now."""
+    goodput: dict[str, int] = field(default_factory=dict)
+    """Pipeline server -> tasks it ran (status ok) that met their deadline t_D, since start."""
+    drops: dict[str, int] = field(default_factory=dict)
+    """Pipeline module -> tasks dropped there (PARD), over all pools, since start."""
+    edge: dict[str, tuple[float | None, float]] = field(default_factory=dict)
+    """Edge-agent cluster -> (the worst post-queuing p99 of its agents' CDFs in ms, None
+    before any; the longest time one of its agents has been silent, in seconds)."""
+
+
+def _delta(n: float, before: float) -> float:
+    """What a cumulative count gained; a count that restarted (a server that came back)
+    gained all of itself."""
+    return n - before if n >= before else n
 
 
 class HistorySampler:
@@ -121,14 +139,18 @@ class HistorySampler:
         self._top = top_servers
         self._queries: dict[tuple[str, str], float] = {}
         self._deferred: dict[tuple[str, str], int] = {}
+        self._goodput: dict[str, int] = {}
+        self._drops: dict[str, int] = {}
 
     def sample(self, f: Figures, now: float, wall: float) -> dict[str, Any]:
         """One sample at wall-clock time `wall`; rates over the time since the last one."""
         elapsed = max(now - self._last_now, 1e-9)
         answered: Counter[str] = Counter()
         rejected: Counter[str] = Counter()
+        outcomes: dict[str, dict[str, float]] = {}
         for (cls, outcome), n in f.queries.items():
             delta = n - self._queries.get((cls, outcome), 0.0)
+            outcomes.setdefault(cls, {})[outcome] = delta
             if outcome == "rejected":
                 rejected[cls] += delta
             else:
@@ -148,9 +170,14 @@ class HistorySampler:
         for pool, depth in f.queue.values():
             pools[pool] += depth
         deepest = sorted(f.queue.items(), key=lambda kv: (-kv[1][1], kv[0]))[: self._top]
+        goodput = {s: _delta(n, self._goodput.get(s, 0)) / elapsed for s, n in f.goodput.items()}
+        busiest = sorted(goodput.items(), key=lambda kv: (-kv[1], kv[0]))[: self._top]
+        drops = {m: _delta(n, self._drops.get(m, 0)) / elapsed for m, n in f.drops.items()}
         self._last_now = now
         self._queries = dict(f.queries)
         self._deferred = dict(f.deferred)
+        self._goodput = dict(f.goodput)
+        self._drops = dict(f.drops)
         return {
             "t": round(wall, 3),
             "miss": {k: round(v, 6) for k, v in sorted(f.miss.items())},
@@ -164,6 +191,16 @@ class HistorySampler:
             "server_queue": {sid: depth for sid, (_, depth) in sorted(deepest)},
             "servers": dict(sorted(f.servers.items())),
             "replicas": dict(sorted(f.replicas.items())),
+            "outcome_per_s": {
+                c: {o: round(d / elapsed, 3) for o, d in sorted(per.items())}
+                for c, per in sorted(outcomes.items())
+            },
+            "goodput_per_s": {s: round(r, 3) for s, r in sorted(busiest)},
+            "drops_per_s": {m: round(r, 3) for m, r in sorted(drops.items())},
+            "edge_p99_ms": {
+                c: round(p99, 3) for c, (p99, _) in sorted(f.edge.items()) if p99 is not None
+            },
+            "edge_silent_s": {c: round(silent, 3) for c, (_, silent) in sorted(f.edge.items())},
         }
 
 
@@ -297,6 +334,23 @@ def read_figures(service: GatewayView) -> Figures:
             if s.name.endswith("_total"):
                 queries[(s.labels["class"], s.labels["outcome"])] = s.value
     links = list(service.links.values())
+    goodput: dict[str, int] = {}
+    edge: dict[str, tuple[float | None, float]] = {}
+    book = service.book
+    for lk in links:
+        if lk.executor == PIPELINE_EXECUTOR:
+            tasks, misses = windows.counts.get((lk.server_id, lk.pool), (0, 0))
+            goodput[lk.server_id] = tasks - misses
+        elif lk.executor == EDGE_EXECUTOR:
+            cluster = lk.cluster or lk.pool
+            worst, silent = edge.get(cluster, (None, 0.0))
+            if book.has_server(lk.server_id):
+                p99 = book.cdf_of(lk.server_id).quantile(0.99)
+                worst = p99 if worst is None else max(worst, p99)
+            edge[cluster] = (worst, max(silent, lk.silent_s))
+    drops: Counter[str] = Counter()
+    for (_, module), n in m.drop_counts.items():
+        drops[module] += n
     return Figures(
         miss=miss,
         pool_miss={p: windows.pool_ratio(p, now) for p in windows.pools()},
@@ -311,6 +365,9 @@ def read_figures(service: GatewayView) -> Figures:
             if service.autoscaler is None
             else {service.autoscaler.config.pool: service.autoscaler.replicas_now()}
         ),
+        goodput=goodput,
+        drops=dict(drops),
+        edge=edge,
     )
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
 from collections import deque
 from collections.abc import Callable
@@ -35,6 +36,7 @@ from typing import Any, Protocol
 from admission.allocation import DrrArbiter, FairArbiter
 from gateway.central import CentralQueue
 from gateway.queries import PendingTask
+from taskserver.backoff import Backoff, RetryLog
 from taskserver.frontends import reported_loads
 from taskserver.messages import result_problem
 from taskserver.ownership import claim_proof
@@ -56,6 +58,10 @@ log = logging.getLogger(__name__)
 
 _REPOLL_S = 0.05
 """After a rejected task the heartbeat asks for the status this soon (once per burst)."""
+RECONNECT_BASE_S = 0.05
+"""The first reconnect comes within this long; the bound doubles per failure..."""
+RECONNECT_CAP_S = 2.0
+"""...up to this (taskserver.backoff.Backoff, full jitter)."""
 RTT_SAMPLES = 16
 """Heartbeat round trips the dispatch delay is estimated from: half their minimum."""
 
@@ -147,6 +153,7 @@ class TaskLink(Protocol):
     load_per_s: float | None
     frontends: list[tuple[str, float]]
     frontends_s: float | None
+    executor: str | None
 
     @property
     def address(self) -> str: ...
@@ -160,6 +167,8 @@ class TaskLink(Protocol):
     def one_way_ms(self) -> float: ...
     @property
     def rtt_ms(self) -> float | None: ...
+    @property
+    def silent_s(self) -> float: ...
 
     def start(self) -> None: ...
     async def wait_up(self, timeout_s: float) -> bool: ...
@@ -198,6 +207,7 @@ class ServerLink:
         on_dequeue: DequeueCallback | None = None,
         limits: WireLimits = DEFAULT_LIMITS,
         arbiter: DrrArbiter | FairArbiter | None = None,
+        rng: random.Random | None = None,
     ) -> None:
         self.server_id = server_id
         self.host = host
@@ -243,6 +253,9 @@ class ServerLink:
         its last heartbeat reply listed them (at most taskserver.frontends.MAX_FRONTENDS)."""
         self.frontends_s: float | None = None
         """When that reply came (clock time; None before the first)."""
+        self.executor: str | None = None
+        """The executor the server names in its heartbeat ("emulated", "pipeline", "sensing";
+        None before the first reply, or from a server that names none)."""
         self.last_error = ""
         self.outstanding: dict[str, PendingTask] = {}
         self.queue = CentralQueue(policy, slots, arbiter) if central else None
@@ -264,6 +277,12 @@ class ServerLink:
         self._idle_waiters: list[asyncio.Future[None]] = []
         self._poll_now = asyncio.Event()
         """Set to make the heartbeat ask for the status at once (a task was rejected)."""
+        self._backoff = Backoff(RECONNECT_BASE_S, RECONNECT_CAP_S, rng or random.Random())
+        """Delays between reconnects (full jitter: links to servers lost together spread)."""
+        self._retry = RetryLog(f"server {server_id}: connect to {host}:{port}")
+        """What to log of failed reconnects: the first, a new error, one line a minute."""
+        self._down_since: float | None = None
+        """When the server was last seen to go down (clock time; None: up, or not yet)."""
         self._t = thrift()
         self._types = gateway_body_types()
 
@@ -276,6 +295,11 @@ class ServerLink:
     def rtt_ms(self) -> float | None:
         """Heartbeat round trip, smoothed (None before the first)."""
         return self.round_trips.smoothed_ms
+
+    @property
+    def silent_s(self) -> float:
+        """Seconds since the server last sent anything (a result or a heartbeat reply)."""
+        return max(self.clock() - self._last_heard_s, 0.0)
 
     @property
     def address(self) -> str:
@@ -354,7 +378,6 @@ class ServerLink:
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
-        backoff_s = 0.05
         while not self._closing:
             try:
                 _, conn = await asyncio.wait_for(
@@ -375,12 +398,39 @@ class ServerLink:
             except (TimeoutError, OSError) as exc:
                 self.state = "down"
                 self.last_error = f"connect failed: {exc or type(exc).__name__}"
-                await asyncio.sleep(backoff_s)
-                backoff_s = min(backoff_s * 2, 2.0)
+                await asyncio.sleep(self._attempt_failed(self.clock()))
                 continue
             self._conn = conn
-            backoff_s = 0.05
-            await self._heartbeat(conn)
+            if not await self._heartbeat(conn) and not self._closing:
+                # Connected, but no heartbeat answered (the kernel accepts even for a stopped
+                # process): a failed try, as a refused connect is.
+                await asyncio.sleep(self._attempt_failed(self.clock()))
+
+    def _attempt_failed(self, now: float) -> float:
+        """A connect failed, or a connection ended before its first heartbeat answer
+        (`last_error` says how): log it if `RetryLog` says so; the delay before the next."""
+        delay_s = self._backoff.failed()
+        if self._down_since is None:
+            self._down_since = now
+        line = self._retry.failed(self.last_error, now, delay_s)
+        if line is not None:
+            log.warning("%s", line, extra={"server_id": self.server_id, "pool": self.pool})
+        return delay_s
+
+    def _came_up(self, now: float) -> None:
+        """The first heartbeat on a connection answered: log the return of a server that was
+        down (once), and start the next outage's backoff and log over."""
+        self.state = "up"
+        self._backoff.reset()
+        self._retry.succeeded(now)
+        if self._down_since is not None:
+            log.info(
+                "server %s is back up after %.1f s",
+                self.server_id,
+                now - self._down_since,
+                extra={"server_id": self.server_id, "pool": self.pool, "outcome": "up"},
+            )
+            self._down_since = None
 
     def _status_args(self, nonce: bytes | None) -> Any:
         """The heartbeat's arguments: in central queueing, a claim proving the token on this
@@ -399,7 +449,8 @@ class ServerLink:
         claim = self._t.OwnerClaim(self.gateway_id, lease_ms, proof)
         return self._t.TaskServer.status_args(claim=claim, load=load)
 
-    async def _heartbeat(self, conn: ThriftConnection) -> None:
+    async def _heartbeat(self, conn: ThriftConnection) -> bool:
+        """Heartbeats until the connection is lost or closed; whether the server answered."""
         nonce: bytes | None = None
         first = True
         self._last_heard_s = self.clock()
@@ -425,12 +476,11 @@ class ServerLink:
                         if not isinstance(exc, TimeoutError)
                         else f"heartbeat failed: no word from the server for {silent_s:.1f} s"
                     )
-                    log.warning("server %s: %s", self.server_id, self.last_error)
                     conn.abort()
                     self._on_lost(None)
-                return
+                return not first
             if self._closing:
-                return
+                return not first
             now = self.clock()
             self._last_heard_s = now
             self.round_trips.observe((now - start) * 1000.0)
@@ -447,7 +497,7 @@ class ServerLink:
                     continue  # claim at once, before this link takes tasks
             if first:
                 first = False
-                self.state = "up"
+                self._came_up(now)
                 self.last_error = ""
                 self._up.set()
                 self._pump()
@@ -457,6 +507,7 @@ class ServerLink:
                 pass
             else:
                 await asyncio.sleep(_REPOLL_S)  # a burst of rejections: one status call
+        return not first
 
     def _on_claim_answer(self, error: Any) -> None:
         """Log once when the server starts or stops refusing this gateway's claims."""
@@ -475,6 +526,9 @@ class ServerLink:
 
     def _on_status(self, st: Any) -> None:
         """Learn from a heartbeat whether the server drains, who owns it and its order."""
+        executor = getattr(st, "executor", None)
+        if type(executor) is str and executor:
+            self.executor = executor
         reported = getattr(st, "policy", None)
         if self.queue is None and type(reported) is str and reported != self.policy:
             with contextlib.suppress(ValueError):
@@ -507,12 +561,21 @@ class ServerLink:
     def _on_lost(self, exc: Exception | None) -> None:
         if self.state == "closed":
             return
+        was_up = self.state == "up"
         self.state = "down"
         self._up.clear()
         if exc is not None:
             self.last_error = f"connection lost: {exc}"
         elif not self.last_error:
             self.last_error = "connection closed by server"
+        if was_up:  # logged once per outage; the reconnects are logged by _attempt_failed
+            self._down_since = self.clock()
+            log.warning(
+                "server %s is down: %s",
+                self.server_id,
+                self.last_error,
+                extra={"server_id": self.server_id, "pool": self.pool, "outcome": "down"},
+            )
         self._fail_all("lost", f"connection to server {self.server_id} lost")
 
     def _fail_one(self, query_id: str, p: PendingTask, reason: str) -> None:
@@ -579,6 +642,8 @@ class ServerLink:
             p.class_name,
             p.payload,
         )
+        if p.trace is not None:  # tracing on: the task's span context goes with it
+            task.traceparent, task.tracestate = p.trace.traceparent, p.trace.tracestate
         p.sent_s = now
         self.tasks_sent += 1
         self._conn.send_item(task)

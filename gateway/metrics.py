@@ -7,6 +7,7 @@ autoscaler) is read at scrape time by `_GatewayCollector`.
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from collections.abc import Callable, Iterable
 from functools import partial
@@ -22,6 +23,7 @@ from gateway.waits import backlog_wait
 from taskserver.metrics import LiteHistogram, register_build_info
 
 if TYPE_CHECKING:
+    from gateway.config import ClassConfig
     from gateway.view import GatewayView
 
 QUERY_BUCKETS_S = (
@@ -51,6 +53,17 @@ POST_QUEUING_QUANTILES = (0.5, 0.9, 0.99, 0.999)
 """Quantiles of each server's post-queuing CDF exported at scrape time."""
 RECENT_LATENCIES = 50_000
 """Answered-query latencies kept per class between two history samples."""
+UNNAMED_MODULE = "(unnamed)"
+"""The module label of a drop whose error names no pipeline module."""
+# The pipeline runtime's drop message (taskserver.pipeline.errors.PipelineDropped):
+# "dropped at module <name> (id <id>): <reason>: ...".
+_DROPPED_AT = re.compile(r"dropped at module (.+?) \(id ")
+
+
+def dropped_module(error: str | None) -> str:
+    """The pipeline module a DROPPED task's error names (UNNAMED_MODULE when none)."""
+    found = _DROPPED_AT.search(error or "")
+    return found.group(1) if found else UNNAMED_MODULE
 
 
 def latency_buckets(slos_ms: Iterable[float]) -> tuple[float, ...]:
@@ -110,6 +123,15 @@ class _TaskCountsCollector(Collector):
         for (cls, pool), n in sorted(self._m.miss_counts.items()):
             misses.add_metric([cls, pool], n)
         yield misses
+        drops = CounterMetricFamily(
+            "tailgate_task_drops",
+            "Tasks a server dropped on purpose (PARD), by pool and the pipeline module that "
+            "dropped them (as the task's error names it).",
+            labels=["pool", "module"],
+        )
+        for (pool, module), n in sorted(self._m.drop_counts.items()):
+            drops.add_metric([pool, module], n)
+        yield drops
         # The error histogram has negative buckets, so it exports no _sum (a falling _sum
         # would read as a counter reset): the two sides' sums are counters of their own.
         estimated = CounterMetricFamily(
@@ -282,7 +304,7 @@ class GatewayMetrics:
         self.queries = Counter(
             "tailgate_queries_total",
             "Queries answered, by class and outcome "
-            "(met, missed_slo, failed, dropped, timeout, rejected, unreachable).",
+            "(met, missed_slo, failed, invalid, dropped, timeout, rejected, unreachable).",
             ["class", "outcome"],
             registry=registry,
         )
@@ -307,6 +329,8 @@ class GatewayMetrics:
         """(pool, status) -> tasks; exported as tailgate_tasks_total."""
         self.miss_counts: dict[tuple[str, str], int] = {}
         """(class, pool) -> deadline misses; exported as tailgate_task_deadline_misses_total."""
+        self.drop_counts: dict[tuple[str, str], int] = {}
+        """(pool, module) -> tasks dropped there; exported as tailgate_task_drops_total."""
         registry.register(_TaskCountsCollector(self))
         self.unloaded_latency = Gauge(
             "tailgate_unloaded_latency_seconds",
@@ -371,6 +395,11 @@ class GatewayMetrics:
         key = (pool, status)
         self.task_counts[key] = self.task_counts.get(key, 0) + 1
 
+    def task_dropped(self, pool: str, error: str | None) -> None:
+        """Count one task dropped on purpose, under the module its error names."""
+        key = (pool, dropped_module(error))
+        self.drop_counts[key] = self.drop_counts.get(key, 0) + 1
+
     def wait_estimate_error(self, pool: str, actual_ms: float, estimated_ms: float) -> None:
         """Count one task's actual and estimated queue wait, and their difference."""
         self.wait_error.labels(pool).observe((actual_ms - estimated_ms) / 1000.0)
@@ -400,6 +429,26 @@ class GatewayMetrics:
         gauge.labels("all").set_function(lambda: ratio(None))
         for c in classes:
             gauge.labels(c).set_function(lambda c=c: ratio(c))
+
+    def bind_objectives(self, classes: Iterable[ClassConfig]) -> None:
+        """Export each class's SLO, which alert rules and dashboards divide by: the error
+        budget of a class is 1 - tailgate_class_slo_objective_ratio."""
+        latency = Gauge(
+            "tailgate_class_slo_latency_seconds",
+            "A class's SLO latency x_p^SLO (the latency histogram has a bucket at it).",
+            ["class"],
+            registry=self.registry,
+        )
+        objective = Gauge(
+            "tailgate_class_slo_objective_ratio",
+            "A class's SLO percentile as a ratio (p99: 0.99): the share of its queries that "
+            "must meet the SLO latency.",
+            ["class"],
+            registry=self.registry,
+        )
+        for c in classes:
+            latency.labels(c.name).set(c.latency_ms / 1000.0)
+            objective.labels(c.name).set(c.percentile / 100.0)
 
     def bind_servers(self, snapshot: Callable[[], Iterable[tuple[str, str]]]) -> None:
         """Export the server registry's (pool, state) pairs at scrape time."""

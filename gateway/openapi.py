@@ -68,6 +68,10 @@ _ANSWER = {
     ],
     "properties": {
         "query_id": {"type": "string"},
+        "request_id": {
+            "type": "string",
+            "description": "the X-Request-Id of the answer: the client's, or one made here",
+        },
         "class": {"type": ["string", "null"]},
         "percentile": {"type": "number"},
         "slo_ms": {"type": "number"},
@@ -124,7 +128,16 @@ _STAGE_ANSWER = {
         "met_slo": {"type": "boolean", "description": "within its own slo_ms"},
         "outcome": {
             "type": "string",
-            "enum": ["met", "missed_slo", "dropped", "draining", "timeout", "rejected", "failed"],
+            "enum": [
+                "met",
+                "missed_slo",
+                "dropped",
+                "draining",
+                "timeout",
+                "rejected",
+                "failed",
+                "invalid",
+            ],
         },
         "cancelled_siblings": {"type": "integer"},
         "tasks": {"type": "array", "items": {"$ref": "#/components/schemas/TaskOutcome"}},
@@ -169,6 +182,11 @@ _SERVER = {
             "enum": ["connecting", "up", "down", "closed", "draining", "owned_elsewhere"],
         },
         "queueing": {"type": "string", "enum": ["server", "central"]},
+        "executor": {
+            "type": ["string", "null"],
+            "description": "what the server runs, as its heartbeat names it (emulated, pipeline, "
+            "sensing; null before the first reply)",
+        },
         "owner": {
             "type": "string",
             "description": "the gateway that owns the server (central queueing), when one does",
@@ -226,9 +244,63 @@ def _err(description: str) -> dict[str, Any]:
     return _json("Error", description)
 
 
+def _either(description: str, *schemas: str) -> dict[str, Any]:
+    """A response whose body is one of these component schemas."""
+    refs = [{"$ref": f"#/components/schemas/{name}"} for name in schemas]
+    return {
+        "description": description,
+        "content": {"application/json": {"schema": {"oneOf": refs}}},
+    }
+
+
+_UNSUPPORTED = _err(
+    "the body is not application/json (Content-Type names another type, or a charset other "
+    "than utf-8); `field` is Content-Type. A body without Content-Type is read as JSON"
+)
+
+OPERATIONS: dict[tuple[str, str], tuple[str, str]] = {
+    ("post", "/v1/queries"): ("submitQuery", "queries"),
+    ("post", "/v1/requests"): ("submitRequest", "queries"),
+    ("get", "/v1/servers"): ("listServers", "servers"),
+    ("post", "/v1/servers"): ("registerServer", "servers"),
+    ("delete", "/v1/servers/{id}"): ("deregisterServer", "servers"),
+    ("get", "/v1/classes"): ("listClasses", "admission"),
+    ("get", "/v1/groups"): ("listGroups", "admission"),
+    ("get", "/v1/tenants"): ("listTenants", "admission"),
+    ("get", "/v1/admission"): ("getAdmission", "admission"),
+    ("get", "/v1/autoscaler"): ("getAutoscaler", "autoscaling"),
+    ("get", "/v1/history"): ("getHistory", "dashboard"),
+    ("get", "/v1/dashboard"): ("getDashboardSnapshot", "dashboard"),
+    ("get", "/dashboard"): ("getDashboardPage", "dashboard"),
+    ("get", "/dashboard/{file}"): ("getDashboardFile", "dashboard"),
+    ("get", "/healthz"): ("getHealth", "probes"),
+    ("get", "/livez"): ("getLiveness", "probes"),
+    ("get", "/readyz"): ("getReadiness", "probes"),
+    ("get", "/metrics"): ("getMetrics", "metrics"),
+    ("get", "/openapi.json"): ("getOpenApiDocument", "meta"),
+}
+"""Each operation's operationId and tag, by (method, path)."""
+
+_RETRY_AFTER = {"$ref": "#/components/headers/RetryAfter"}
+
+
+def _complete(paths: dict[str, Any]) -> None:
+    """Every operation with its operationId and tag, Retry-After on every 503, and the
+    internal error any of them may answer (a bug, logged)."""
+    for path, ops in paths.items():
+        for method, op in ops.items():
+            operation_id, tag = OPERATIONS[(method, path)]
+            op["operationId"] = operation_id
+            op["tags"] = [tag]
+            responses = op["responses"]
+            if "503" in responses:
+                responses["503"] = {**responses["503"], "headers": {"Retry-After": _RETRY_AFTER}}
+            responses.setdefault("500", _err("internal error (a bug; code `internal`, logged)"))
+
+
 def openapi_document() -> dict[str, Any]:
     """The document; its paths match the routes in gateway.app.ROUTES."""
-    return {
+    doc: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {"title": "Tailgate gateway", "version": "0.1.0"},
         "paths": {
@@ -243,8 +315,18 @@ def openapi_document() -> dict[str, Any]:
                     },
                     "responses": {
                         "200": _json("QueryAnswer", "every task succeeded"),
-                        "400": _err("invalid body (names the field)"),
+                        "400": _either(
+                            "invalid body (names the field), including a task that breaks the "
+                            "payload rules of its servers' executor where the gateway knows "
+                            "them (edge agents' sensing tasks: `task.end` before `task.start`, "
+                            "...); or a QueryAnswer (code `invalid_task`) when a server refused "
+                            "its task as invalid (`field` names it: `task.start` before the "
+                            "retention horizon, `task.sensor` unknown, ...)",
+                            "Error",
+                            "QueryAnswer",
+                        ),
                         "413": _err("body too large"),
+                        "415": _UNSUPPORTED,
                         "422": _err("SLO below the unloaded p-th latency for this fanout"),
                         "502": _json("QueryAnswer", "a task failed or its server was lost"),
                         "503": _err(
@@ -252,9 +334,15 @@ def openapi_document() -> dict[str, Any]:
                             "(code `admission_rejected`; the predictive rule adds `reason` "
                             "`predicted_miss`, `estimated_wait_ms`, `retry_after_s`, "
                             "`meet_probability`, `level` and `class`, and Retry-After is "
-                            "derived from its estimate), the gateway is draining "
+                            "derived from its estimate), the target servers take no task now "
+                            "(codes `servers_down`, `servers_unavailable`, "
+                            "`cluster_unavailable`, `no_servers`), the gateway is draining "
                             "(code `draining`) or another gateway owns the central pool "
-                            "(code `pool_owned_elsewhere`); Retry-After"
+                            "(code `pool_owned_elsewhere`); a task was dropped or refused "
+                            "(a QueryAnswer, codes `task_dropped`, `task_rejected`). "
+                            "Retry-After is an estimate where the gateway can make one "
+                            "(`retry_after_s` in the body: the admission window's, the "
+                            "servers', the drain's)"
                         ),
                         "504": _json("QueryAnswer", "not complete at SLO + grace"),
                     },
@@ -285,11 +373,16 @@ def openapi_document() -> dict[str, Any]:
                             "RequestAnswer",
                             "every stage succeeded (met_slo: within the request's SLO)",
                         ),
-                        "400": _err(
-                            "invalid body (names the field, e.g. stages[1].targets.fanout) "
-                            "or a stage's targets cannot be picked"
+                        "400": _either(
+                            "invalid body (names the field, e.g. stages[1].targets.fanout), a "
+                            "stage's targets cannot be picked or its task breaks its servers' "
+                            "payload rules (stages[1].task.end); or a RequestAnswer when a "
+                            "server refused a stage's task as invalid (code `invalid_task`)",
+                            "Error",
+                            "RequestAnswer",
                         ),
                         "413": _err("body too large"),
+                        "415": _UNSUPPORTED,
                         "422": _json(
                             "RequestAnswer",
                             "the SLO is not above the sum of the stages' unloaded p-th "
@@ -347,6 +440,8 @@ def openapi_document() -> dict[str, Any]:
                         "200": _json("Server", "already registered"),
                         "201": _json("Server", "registered"),
                         "400": _err("invalid body"),
+                        "413": _err("body too large"),
+                        "415": _UNSUPPORTED,
                         "401": _err("registration token missing or wrong (WWW-Authenticate)"),
                     },
                 },
@@ -420,6 +515,13 @@ def openapi_document() -> dict[str, Any]:
             "/v1/autoscaler": {
                 "get": {
                     "summary": "Autoscaler: policy, thresholds, replicas, recent actions",
+                    "description": (
+                        "Times in unix seconds, the monotonic ones beside them as "
+                        "`*_monotonic_s`. policy_state.decisions lists the policy's decisions "
+                        "one entry per change: a run of equal holds is one entry with "
+                        "`repeats` and its first and last decision (`time`, `last_time`); "
+                        "every scaling step is an entry of its own."
+                    ),
                     "responses": {"200": {"description": "state"}},
                 }
             },
@@ -511,6 +613,16 @@ def openapi_document() -> dict[str, Any]:
             },
         },
         "components": {
+            "headers": {
+                "RetryAfter": {
+                    "description": "whole seconds until a retry may succeed (at least 1): "
+                    "an estimate from the reason of the 503 (when the admission window's "
+                    "misses age out, the predictive rule's wait, when enough target servers "
+                    "may take tasks again, what is left of a drain bound), else the "
+                    "configured retry_after_s",
+                    "schema": {"type": "integer", "minimum": 1},
+                }
+            },
             "securitySchemes": {
                 "registrationToken": {
                     "type": "http",
@@ -530,3 +642,5 @@ def openapi_document() -> dict[str, Any]:
             },
         },
     }
+    _complete(doc["paths"])
+    return doc

@@ -2,19 +2,23 @@
 
 Everything that decides admit / reject / defer lives in the gate (TailGuard §III.D); here a
 DEFER becomes a sleep and a REJECT becomes `Unavailable` (503 with Retry-After, added by
-gateway.app): naming the miss ratio and threshold, or, for the predictive rule (QLM §6),
-the predicted probability, the level and the estimated queue wait, with a retry time.
+gateway.app): naming the miss ratio and threshold with the time the window's misses age
+out (`AdmissionGate.release_after_s`), or, for the predictive rule (QLM §6), the predicted
+probability, the level and the estimated queue wait, with a retry time.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 
 from admission import Action, AdmissionGate, Decision, QueryInfo
 from gateway.errors import Unavailable
 
-__all__ = ["PREDICTED_MISS", "admit"]
+__all__ = ["PREDICTED_MISS", "admit", "log_overload_change"]
+
+log = logging.getLogger(__name__)
 
 PREDICTED_MISS = "predicted_miss"
 """The predictive rule's reject reason (admission.rules.Predictive)."""
@@ -32,7 +36,11 @@ async def admit(
     `rewait` refreshes the query's wait prediction after each deferral (predictive rule).
     """
     while True:
+        controller = gate.controller
+        was, since = controller.overloaded, controller.overloaded_since
         d = gate.decide(q, queue_pressure)
+        if controller.overloaded != was:  # the rule's state changes only in decide()
+            log_overload_change(gate, q, since)
         if d.action is Action.ADMIT:
             return d.reason, q.waited_s
         if d.action is Action.REJECT:
@@ -40,16 +48,21 @@ async def admit(
                 raise _predicted_miss(gate, q, d)
             p = gate.pressure()
             threshold = gate.controller.threshold
+            extra: dict[str, object] = {
+                "reason": d.reason,
+                "miss_ratio": p.miss_ratio,
+                "threshold": threshold,
+                "class": q.cls,
+            }
+            release_s = gate.release_after_s()
+            if release_s is not None:
+                # Retry-After from the window: when its misses age out (gateway.app).
+                extra["retry_after_s"] = round(release_s, 3)
             raise Unavailable(
                 f"admission control rejected the query ({d.reason}): task deadline-miss "
                 f"ratio {p.miss_ratio:.2%} over the last window, threshold {threshold:.2%}",
                 code="admission_rejected",
-                extra={
-                    "reason": d.reason,
-                    "miss_ratio": p.miss_ratio,
-                    "threshold": threshold,
-                    "class": q.cls,
-                },
+                extra=extra,
             )
         await sleep(d.defer_s)
         q = q.after(d.defer_s)
@@ -75,4 +88,43 @@ def _predicted_miss(gate: AdmissionGate, q: QueryInfo, d: Decision) -> Unavailab
             "level": level,
             "class": q.cls,
         },
+    )
+
+
+_WHAT_IT_DOES = {
+    "cost-ladder": "deferring and rejecting queries by cost",
+    "throttle": "throttling admissions",
+    "predictive": "rejecting queries predicted to miss their SLO",
+}
+
+
+def log_overload_change(gate: AdmissionGate, q: QueryInfo, since: float | None) -> None:
+    """Log, once per transition, that the gate's rule began or stopped turning queries away;
+    `since` is when the overload that ends began (overloaded_since before the decision)."""
+    c = gate.controller
+    rule = str(c.rule)
+    ratio = gate.pressure().miss_ratio
+    extra = {"class": q.cls, "rule": rule, "miss_ratio": ratio}
+    if c.overloaded:
+        what = _WHAT_IT_DOES.get(rule, "rejecting or deferring queries")
+        log.warning(
+            "admission: overload began (rule %s, %s): task deadline-miss ratio %.2f%%, "
+            "threshold %.2f%% (at a query of class %s)",
+            rule,
+            what,
+            100 * ratio,
+            100 * c.threshold,
+            q.cls,
+            extra={**extra, "outcome": "overload"},
+        )
+        return
+    lasted = "" if since is None else f" after {gate.clock() - since:.1f} s"
+    log.info(
+        "admission: overload ended%s (rule %s): task deadline-miss ratio %.2f%%, release "
+        "threshold %.2f%%; admitting queries again",
+        lasted,
+        rule,
+        100 * ratio,
+        100 * c.release_threshold,
+        extra={**extra, "outcome": "admitting"},
     )

@@ -5,10 +5,13 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from taskserver import jsonbody
 from taskserver.wire import TaskStatus
+
+if TYPE_CHECKING:
+    from gateway.tracing import TaskSpan
 
 # Task outcome statuses as the API reports them: the IDL's TaskStatus in lower case, and two
 # of the gateway's own (the server was lost; the query's deadline bound passed).
@@ -38,6 +41,9 @@ class QueryOutcome(StrEnum):
     """Every task at fault was refused by its server (draining, queue full...)."""
     FAILED = "failed"
     """A task failed or its server was lost."""
+    INVALID = "invalid"
+    """Every task at fault failed as invalid (taskserver.abc.InvalidTask: the client's
+    payload, its field named by the server): a client error, not a server's failure."""
 
     @property
     def metric(self) -> str:
@@ -194,3 +200,5 @@ class PendingTask:
     retries: int = 0
     """Times a busy server sent it back and it went to another one (Swayam §4.5); the same
     object travels, so `server_id` names the server that holds it now."""
+    trace: TaskSpan | None = None
+    """Its span when tracing is on (gateway.tracing); its context goes out with the task."""

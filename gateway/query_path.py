@@ -39,13 +39,14 @@ from gateway.cdf import CdfBook
 from gateway.config import GatewayConfig
 from gateway.deadlines import DeadlineEstimator, DeadlinePlan, SloUnreachable
 from gateway.deferral import DeferralQueue
-from gateway.errors import SloUnreachableError, Unavailable
+from gateway.errors import ApiError, SloUnreachableError, Unavailable
 from gateway.links import LinkDown, TaskLink, TaskReport
 from gateway.metrics import GatewayMetrics, fanout_bucket
 from gateway.overload import PREDICTED_MISS, admit
 from gateway.queries import (
     CANCELLED,
     DROPPED,
+    FAILED,
     LOST,
     OK,
     REJECTED,
@@ -55,11 +56,13 @@ from gateway.queries import (
     QueryRun,
     TaskOutcome,
 )
-from gateway.requests import QueryRequest, Targets
+from gateway.requests import QueryRequest, Targets, check_task
 from gateway.server_registry import ServerRegistry
 from gateway.targets import BusyRetry
 from gateway.tenants import SHARE_REASON, Tenants
+from gateway.tracing import Caller, GatewayTracer, QuerySpan
 from gateway.waits import NewTask, largest_mean_ms, link_wait
+from taskserver.abc import InvalidTask
 from taskserver.wire import TaskStatus
 
 GROUP_RATE_WINDOW_S = 10.0
@@ -143,6 +146,8 @@ class QueryPath:
         self.metrics = metrics
         self.autoscaler: AutoscalerLoop | None = None
         """Told every task's miss (set when the gateway enables autoscaling)."""
+        self.tracer: GatewayTracer | None = None
+        """Spans of queries and tasks (set when tracing is on; gateway.tracing)."""
         self._retry = {p.name: r for p in config.pools if (r := BusyRetry.of(p)) is not None}
         """Pools with dispatch = "retry" -> their policy (Swayam §4.5)."""
         self._placed: dict[str, _Placement] = {}
@@ -152,6 +157,8 @@ class QueryPath:
         self._inflight: dict[str, QueryRun] = {}
         self.draining = False
         """Stopping: new queries get 503 `draining`; those in flight finish."""
+        self._drain_ends_s = 0.0
+        """While draining: when the drain bound passes (clock time)."""
         self._active = 0
         """Queries inside run_query (admission included)."""
         self._idle = asyncio.Event()
@@ -177,8 +184,11 @@ class QueryPath:
         """The allocation layer: flows' shares of admission and of central queues."""
 
     def resolve(self, req: QueryRequest) -> list[TaskLink]:
-        """The k_f target servers of a query (TailGuard §III.B: the handler picks them)."""
-        return self.targets.pick(req.targets)
+        """The k_f target servers of a query (TailGuard §III.B: the handler picks them),
+        with its task checked for what they run (400 naming `task.<field>`)."""
+        links = self.targets.pick(req.targets)
+        check_task(req.payload, (lk.executor for lk in links))
+        return links
 
     def plan(self, req: QueryRequest, links: list[TaskLink]) -> DeadlinePlan:
         """x_p^u over exactly these servers and the task budget (TailGuard eq. (1)-(4))."""
@@ -201,24 +211,53 @@ class QueryPath:
         ).set(plan.unloaded_ms / 1000.0)
         return plan
 
-    async def run_query(self, req: QueryRequest, t0: float | None = None) -> QueryAnswer:
-        """Fan a validated query out and answer it; never later than SLO + grace."""
+    async def run_query(
+        self, req: QueryRequest, t0: float | None = None, caller: Caller | None = None
+    ) -> QueryAnswer:
+        """Fan a validated query out and answer it; never later than SLO + grace. With
+        tracing on it is one span (a child of the caller's trace) with a span per task."""
         if self.draining:
             self.metrics.queries.labels(req.class_name or "custom", "rejected").inc()
+            # Retry-After: when the drain bound passes this replica is gone and its address
+            # (a Service, a load balancer) serves another one.
+            left_s = max(self._drain_ends_s - self.clock(), 0.0)
             raise Unavailable(
                 "the gateway is shutting down and admits no new query; send it to another replica",
                 code="draining",
+                extra={"retry_after_s": round(left_s, 3)},
             )
         self._active += 1
         self._idle.clear()
         try:
-            return await self._run_query(req, t0)
+            if self.tracer is None:
+                return await self._run_query(req, t0, None)
+            return await self._run_traced(self.tracer, req, t0, caller)
         finally:
             self._active -= 1
             if not self._active:
                 self._idle.set()
 
-    async def _run_query(self, req: QueryRequest, t0: float | None) -> QueryAnswer:
+    async def _run_traced(
+        self, tracer: GatewayTracer, req: QueryRequest, t0: float | None, caller: Caller | None
+    ) -> QueryAnswer:
+        """`_run_query` inside the query's span, which ends with the query's outcome."""
+        t0 = self.clock() if t0 is None else t0
+        span = tracer.query(caller, t0, req.slo_ms)
+        try:
+            answer = await self._run_query(req, t0, span)
+        except ApiError as exc:
+            span.end(exc.code, exc.message)
+            raise
+        except BaseException:
+            span.end("cancelled", "the query did not complete (client went away or a bug)")
+            raise
+        error = answer.summary.get("error")
+        span.end(answer.outcome.value, None if error is None else error["message"])
+        return answer
+
+    async def _run_query(
+        self, req: QueryRequest, t0: float | None, span: QuerySpan | None
+    ) -> QueryAnswer:
         t0 = self.clock() if t0 is None else t0
         cls = req.class_name or "custom"
         links = self.resolve(req)
@@ -243,6 +282,8 @@ class QueryPath:
             waits = self.estimate_waits(links, new)
         qid = f"{self._id_prefix}-{next(self._ids)}"
         run = QueryRun(qid, len(links), t0)
+        if span is not None:
+            span.describe(cls, links[0].pool, len(links), qid)
         retry = self._retry.get(req.targets.pool) if req.targets.pool is not None else None
         placement = None
         if retry is not None:
@@ -270,9 +311,13 @@ class QueryPath:
                 )
                 if placement is not None:
                     placement.tasks.append(p)
+                if span is not None:
+                    p.trace = span.task(i, link.server_id, plan.budget_ms)
                 try:
                     link.dispatch(p)
                 except LinkDown as exc:
+                    if p.trace is not None:
+                        p.trace.end(LOST, link.server_id, 0, error=str(exc))
                     run.complete(i, TaskOutcome(link.server_id, LOST, error=str(exc)), self.clock())
                     break
             run.t_sent = self.clock()
@@ -286,7 +331,7 @@ class QueryPath:
             try:
                 await run.done
             except asyncio.CancelledError:
-                self._abandon(run, links, "client went away")
+                self._abandon(run, links, "client went away", span)
                 raise
             finally:
                 if run.timer is not None:
@@ -302,7 +347,7 @@ class QueryPath:
                 )
                 if qid in self._cut:
                     reason = "the gateway stopped before the query completed"
-                cancelled = self._abandon(run, links, reason)
+                cancelled = self._abandon(run, links, reason, span)
                 if dropped and not run.expired:
                     # PARD: no server keeps computing for a query that is already lost.
                     for pool, n in cancelled.items():
@@ -493,7 +538,9 @@ class QueryPath:
                 self.config.grace_ms / 1000.0, run.expire
             )
 
-    def _abandon(self, run: QueryRun, links: list[TaskLink], reason: str) -> dict[str, int]:
+    def _abandon(
+        self, run: QueryRun, links: list[TaskLink], reason: str, span: QuerySpan | None = None
+    ) -> dict[str, int]:
         """Cancel every task of the query that has no outcome yet; how many, per pool."""
         timed_out = run.expired and run.query_id not in self._cut
         cancelled: dict[str, int] = {}
@@ -506,6 +553,8 @@ class QueryPath:
                 if placed is not None and i < len(placed.tasks):
                     outcome.retries = placed.tasks[i].retries
                 run.outcomes[i] = outcome
+                if span is not None:
+                    span.end_task(i, status, link.server_id, outcome.retries, reason)
                 self.metrics.task_done(link.pool, status)
                 cancelled[link.pool] = cancelled.get(link.pool, 0) + 1
                 if run.group is not None:
@@ -546,6 +595,7 @@ class QueryPath:
         else:
             bad = [o for o in outcomes if o.status not in (OK, CANCELLED)]
             first = bad[0] if bad else outcomes[0]
+            field: str | None = None
             dropped = [o for o in outcomes if o.status == DROPPED]
             if dropped:
                 # Dropped because it could not meet its deadline: like an overload rejection,
@@ -567,10 +617,16 @@ class QueryPath:
             elif bad and all(o.status == REJECTED for o in bad):
                 outcome, code = QueryOutcome.REJECTED, "task_rejected"
                 message = f"server {first.server} rejected its task: {first.error}"
+            elif bad and (invalid := _invalid(bad)) is not None:
+                # The server judged the client's payload (what the gateway could not check):
+                # a client error naming the field, not a server's failure.
+                outcome, code = QueryOutcome.INVALID, "invalid_task"
+                message = f"server {first.server} refused the task: {invalid}"
+                field = f"task.{invalid.field}"
             else:
                 outcome, code = QueryOutcome.FAILED, "task_failed"
                 message = f"task on server {first.server} {first.status}: {first.error}"
-            body["error"] = {"code": code, "message": message, "field": None}
+            body["error"] = {"code": code, "message": message, "field": field}
         self.metrics.queries.labels(cls, outcome.metric).inc()
         return QueryAnswer(outcome, body, outcomes)
 
@@ -590,10 +646,14 @@ class QueryPath:
                     "servers_owned_elsewhere": [lk.server_id for lk in owned],
                 },
             )
+        extra: dict[str, Any] = {"servers_down": ids}
+        back_s = self.targets.back_of(down, len(down))  # every one of them is needed
+        if back_s is not None:
+            extra["retry_after_s"] = round(back_s, 3)  # the 503's Retry-After (gateway.app)
         return Unavailable(
             f"{len(ids)} target server(s) are not reachable: {', '.join(ids[:10])}",
             code="servers_down",
-            extra={"servers_down": ids},
+            extra=extra,
         )
 
     def drain_bound_s(self) -> float:
@@ -607,9 +667,10 @@ class QueryPath:
         (drain_bound_s) is never reached; a query with a longer custom SLO still running at
         the bound is answered 503 `draining` and its tasks are cancelled.
         """
-        self.draining = True
         bound_s = self.drain_bound_s() + DRAIN_MARGIN_S if timeout_s is None else timeout_s
         start = self.clock()
+        self._drain_ends_s = start + bound_s
+        self.draining = True
         in_flight = self._active
         log.info("draining: no new queries; %d in flight (bound %.1f s)", in_flight, bound_s)
         if not await self._wait_idle(bound_s):
@@ -685,6 +746,8 @@ class QueryPath:
         p.est_wait_ms = None  # estimated for the server that refused it
         placed.links[p.index] = new
         self.metrics.task_retries.labels(new.pool).inc()
+        if p.trace is not None:
+            p.trace.retried(new.server_id)
         try:
             new.dispatch(p)
         except LinkDown as exc:
@@ -707,6 +770,8 @@ class QueryPath:
             queue_ms = r.queue_ms + net_ms / 2.0
             missed = bool(r.missed_deadline)
         self.metrics.task_done(link.pool, status)
+        if r.status is TaskStatus.DROPPED:
+            self.metrics.task_dropped(link.pool, r.error)
         if status == OK:
             if p.est_wait_ms is not None:
                 # The server's own queue wait (server queueing: no network in it).
@@ -738,6 +803,16 @@ class QueryPath:
             p.est_wait_ms,
             p.retries,
         )
+        if p.trace is not None:
+            p.trace.end(
+                status,
+                link.server_id,
+                p.retries,
+                queue_ms=queue_ms,
+                service_ms=r.service_ms,
+                missed=missed,
+                error=r.error,
+            )
         p.run.complete(p.index, outcome, now)
         if p.run.group is not None:
             self.groups.task_done(p.run.group, r.service_ms if status == OK else None)
@@ -753,6 +828,14 @@ class QueryPath:
         the link's own queue)."""
         self.metrics.task_done(link.pool, status)
         outcome = TaskOutcome(link.server_id, status, error=reason, retries=p.retries)
+        if p.trace is not None:
+            p.trace.end(status, link.server_id, p.retries, error=reason)
         p.run.complete(p.index, outcome, self.clock())
         if p.run.group is not None:
             self.groups.task_done(p.run.group, None)
+
+
+def _invalid(bad: list[TaskOutcome]) -> InvalidTask | None:
+    """The InvalidTask the failed tasks report when each of them reports one (the first)."""
+    found = [InvalidTask.from_wire(o.error) if o.status == FAILED else None for o in bad]
+    return found[0] if found and all(f is not None for f in found) else None

@@ -35,6 +35,8 @@ from gateway.errors import ApiError, SloUnreachableError, Unavailable
 from gateway.queries import QueryOutcome
 from gateway.requests import MultiQueryRequest, QueryRequest, Targets
 from gateway.stages import stage_slo_ms
+from gateway.tracing import Caller, GatewayTracer
+from taskserver.tracecontext import parse_traceparent
 
 if TYPE_CHECKING:
     from gateway.deadlines import DeadlinePlan
@@ -89,7 +91,9 @@ class QueryRunner(Protocol):
         """x_p^u over exactly these servers; SloUnreachableError when req's SLO is not above."""
         ...
 
-    async def run_query(self, req: QueryRequest, t0: float | None = None) -> QueryAnswer:
+    async def run_query(
+        self, req: QueryRequest, t0: float | None = None, caller: Caller | None = None
+    ) -> QueryAnswer:
         """Run one query from t0 and answer it by its SLO plus the grace."""
         ...
 
@@ -110,12 +114,45 @@ class RequestAnswer:
 class RequestPath:
     """Runs multi-query requests as sequences of queries on the query path."""
 
-    def __init__(self, queries: QueryRunner, id_prefix: str) -> None:
+    def __init__(
+        self, queries: QueryRunner, id_prefix: str, tracer: GatewayTracer | None = None
+    ) -> None:
         self.queries = queries
         self._ids = itertools.count(1)
         self._id_prefix = id_prefix
+        self.tracer = tracer
+        """With tracing on, a request is a span whose stages' query spans are its children."""
 
-    async def run(self, req: MultiQueryRequest, t0: float | None = None) -> RequestAnswer:
+    async def run(
+        self, req: MultiQueryRequest, t0: float | None = None, caller: Caller | None = None
+    ) -> RequestAnswer:
+        """`_run`, inside the request's span when tracing is on (`caller`: the HTTP request's
+        id and trace context)."""
+        if self.tracer is None:
+            return await self._run(req, t0, caller)
+        t0 = self.queries.clock() if t0 is None else t0
+        span = self.tracer.request(caller, t0, req.slo_ms, len(req.stages))
+        # The stages' query spans are children of the request's span.
+        stage_caller = Caller(
+            caller.request_id if caller is not None else "",
+            parse_traceparent(span.traceparent),
+            span.tracestate,
+        )
+        try:
+            answer = await self._run(req, t0, stage_caller)
+        except ApiError as exc:
+            span.end(exc.code, exc.message)
+            raise
+        except BaseException:
+            span.end("cancelled", "the request did not complete")
+            raise
+        error = answer.body.get("error")
+        span.end(answer.outcome.value, None if error is None else error["message"])
+        return answer
+
+    async def _run(
+        self, req: MultiQueryRequest, t0: float | None, caller: Caller | None
+    ) -> RequestAnswer:
         """Run the request's stages one after another from t0 (its arrival) and answer it.
 
         Raises an ApiError, carrying the stages run so far, when the request cannot start
@@ -172,14 +209,18 @@ class RequestPath:
             if budget.exhausted:
                 raise _exhausted(s, len(stages), req, budget, {**head, **_end(t_s, t0, done)})
             try:
-                answer = await self.queries.run_query(replace(stage, slo_ms=budget.slo_ms), t_s)
+                answer = await self.queries.run_query(
+                    replace(stage, slo_ms=budget.slo_ms), t_s, caller
+                )
             except ApiError as exc:
                 raise failed(exc, s) from exc
             done.append(_stage_json(s, answer, budget, t_s - t0))
             if answer.outcome not in _SUCCESS:
                 error = dict(answer.summary["error"])
                 error["message"] = f"stage {s}: {error['message']}"
-                error["field"] = f"stages[{s}]"
+                # Under the stage: its own field when one is at fault (task.end), else itself.
+                at = error["field"]
+                error["field"] = f"stages[{s}].{at}" if at else f"stages[{s}]"
                 body = {**head, **_end(clock(), t0, done), "error": error, "stage": s}
                 return RequestAnswer(answer.outcome, body)
         body = {**head, **_end(clock(), t0, done)}

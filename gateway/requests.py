@@ -9,13 +9,16 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
 from gateway.config import GatewayConfig, parse_address
 from gateway.errors import BadRequest
 from gateway.stages import STAGE_RULES
+from taskserver.abc import InvalidTask
 from taskserver.registration import CLUSTER_NAME_RE, check_cluster_name
+from taskserver.sensing_payload import SENSING_EXECUTOR, check_sensing_task, parse_payload
 
 CLUSTER_PATTERN = f"^{CLUSTER_NAME_RE.pattern}$"
 """What check_cluster_name accepts, as a JSON Schema pattern."""
@@ -323,6 +326,19 @@ def parse_query(body: Any, config: GatewayConfig) -> QueryRequest:
                 field="tenant",
             )
     return QueryRequest(cls_name, percentile, slo_ms, priority, targets, payload, cost_hint, tenant)
+
+
+def check_task(payload: bytes, executors: Iterable[str | None]) -> None:
+    """A query's task against the payload rules of the executors its servers run, where the
+    gateway knows them (edge agents: `taskserver.sensing_payload`); BadRequest naming
+    ``task.<field>`` if it breaks them. Other executors judge their own payloads."""
+    if SENSING_EXECUTOR not in set(executors):
+        return
+    try:
+        check_sensing_task(parse_payload(payload))
+    except InvalidTask as exc:
+        field = "task" if exc.field == "payload" else f"task.{exc.field}"
+        raise BadRequest(f"{exc.problem} (a sensing task for edge agents)", field=field) from exc
 
 
 def _parse_slo(slo: Any) -> tuple[float, float]:

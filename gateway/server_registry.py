@@ -24,6 +24,7 @@ from gateway.errors import NotFound
 from gateway.links import DequeueCallback, FailureCallback, ResultCallback, TaskLink
 from gateway.metrics import GatewayMetrics
 from gateway.requests import RegisterRequest
+from gateway.retry_after import server_back_s
 from gateway.table_cdf import prior_of
 from gateway.targets import TargetPicker
 from gateway.waits import backlog_wait
@@ -68,7 +69,9 @@ class ServerRegistry:
         self.instance_id = instance_id
         self._link_factory = link_factory
         self.links: dict[str, TaskLink] = {}
-        self.targets = TargetPicker(config, self.links, rng, self._wait_of)
+        self.targets = TargetPicker(config, self.links, rng, self._wait_of, self._back_in)
+        self._drain_ends: dict[str, float] = {}
+        """Servers being deregistered with a drain bound -> when it passes (clock time)."""
         self._pools = {p.name: p for p in config.pools}
         self._priors: dict[str, Any] = {}
         self._wire_limits = WireLimits.for_frames_of(config.max_frame_bytes)
@@ -86,6 +89,18 @@ class ServerRegistry:
             return (math.inf, math.inf)
         moments = partial(self.book.moments, link.server_id)
         return (backlog_wait(link, moments).mean_ms, moments().mean_ms)
+
+    def _back_in(self, link: TaskLink) -> float | None:
+        """How soon a server that takes no task now may take one again (Retry-After)."""
+        now = self.clock()
+        ends = self._drain_ends.get(link.server_id) if link.draining else None
+        return server_back_s(
+            link.display_state,
+            now - link.registered_s,
+            None if ends is None else ends - now,
+            self.config.heartbeat_s,
+            self.config.heartbeat_timeout_s,
+        )
 
     def _prior(self, pool: PoolConfig) -> Any:
         prior = self._priors.get(pool.name)
@@ -151,6 +166,7 @@ class ServerRegistry:
             req.pool,
             f" (cluster {req.cluster})" if req.cluster else "",
             req.address,
+            extra={"server_id": req.id, "pool": req.pool, "outcome": "registered"},
         )
         return True, self.server_view(link)
 
@@ -166,7 +182,11 @@ class ServerRegistry:
         link.draining = True
         self.targets.leave(link)
         if drain_s > 0:
-            await link.wait_idle(drain_s)
+            self._drain_ends[server_id] = self.clock() + drain_s
+            try:
+                await link.wait_idle(drain_s)
+            finally:
+                self._drain_ends.pop(server_id, None)
         failed = len(link.outstanding)
         if self.links.get(server_id) is link:
             del self.links[server_id]
@@ -187,6 +207,9 @@ class ServerRegistry:
             "slots": link.slots,
             "state": link.display_state,
             "queueing": "central" if link.central else "server",
+            # What the server runs (its heartbeat says): "pipeline" and "sensing" servers get
+            # panels of their own on the dashboard.
+            "executor": link.executor,
             "outstanding": len(link.outstanding),
             "tasks_sent": link.tasks_sent,
             "results": link.results,
@@ -219,10 +242,20 @@ class ServerRegistry:
         member = link.server_id in self.targets.pool_members[link.pool]
         if link.server_draining and member:
             self.targets.leave(link)
-            log.info("server %s drains: out of pool %s's selection", link.server_id, link.pool)
+            log.info(
+                "server %s drains: out of pool %s's selection",
+                link.server_id,
+                link.pool,
+                extra={"server_id": link.server_id, "pool": link.pool, "outcome": "draining"},
+            )
         elif not link.server_draining and not member:
             self.targets.join(link)
-            log.info("server %s is back in pool %s", link.server_id, link.pool)
+            log.info(
+                "server %s is back in pool %s",
+                link.server_id,
+                link.pool,
+                extra={"server_id": link.server_id, "pool": link.pool, "outcome": "back"},
+            )
 
     async def close_all(self, reason: str) -> None:
         """Close every link; the tasks they hold fail at once."""

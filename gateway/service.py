@@ -35,6 +35,7 @@ from gateway.requests import QueryRequest, RegisterRequest
 from gateway.server_registry import ServerRegistry
 from gateway.server_windows import ServerMissRatios
 from gateway.targets import TargetPicker
+from gateway.tracing import Caller, open_gateway_tracer
 
 __all__ = ["DRAIN_MARGIN_S", "DrainReport", "GatewayService", "QueryAnswer"]
 
@@ -72,6 +73,7 @@ class GatewayService:
             config.admission, config.classes, clock, seed=self.rng.getrandbits(64)
         )
         self.metrics.bind_window(self.gate.miss_ratio, [c.name for c in config.classes])
+        self.metrics.bind_objectives(config.classes)
         id_prefix = uuid.uuid4().hex[:8]
         self.instance_id = f"{socket.gethostname()}-{id_prefix}"
         """This replica's id: names it as the owner of the central-queueing servers it claims."""
@@ -82,6 +84,9 @@ class GatewayService:
             config, clock, self.servers, self.book, self.estimator, self.gate, self.metrics,
             id_prefix,
         )  # fmt: skip
+        # Tracing on: spans of queries and tasks; the extra missing is a ConfigError here,
+        # before anything listens (gateway.tracing).
+        self.query.tracer = open_gateway_tracer(config.tracing, clock)
         self.servers.on_result = self.query.on_result
         self.servers.on_failure = self.query.on_failure
         self.servers.on_dequeue = self.query.on_dequeue
@@ -188,6 +193,8 @@ class GatewayService:
         if self.autoscaler is not None:
             await self.autoscaler.stop()
         await self.servers.close_all("gateway stopping")
+        if self.query.tracer is not None:
+            self.query.tracer.shutdown()  # export the spans still batched
 
     async def register(self, req: RegisterRequest) -> tuple[bool, dict[str, Any]]:
         """Add or refresh a server; returns (created, its view)."""
@@ -222,9 +229,12 @@ class GatewayService:
         """x_p^u over exactly these servers and the task budget."""
         return self.query.plan(req, links)
 
-    async def run_query(self, req: QueryRequest, t0: float | None = None) -> QueryAnswer:
-        """Fan a validated query out and answer it; never later than SLO + grace."""
-        return await self.query.run_query(req, t0)
+    async def run_query(
+        self, req: QueryRequest, t0: float | None = None, caller: Caller | None = None
+    ) -> QueryAnswer:
+        """Fan a validated query out and answer it; never later than SLO + grace. `caller`:
+        the HTTP request's id and trace context (gateway.request_ids)."""
+        return await self.query.run_query(req, t0, caller)
 
     def drain_bound_s(self) -> float:
         """Longest a query already admitted may still run: the largest class SLO plus grace."""

@@ -22,7 +22,7 @@ scope, in the prefix first, that holds no task of the query.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from admission import backend_order
@@ -30,6 +30,7 @@ from gateway.config import GatewayConfig, PoolConfig
 from gateway.errors import BadRequest, Unavailable
 from gateway.links import TaskLink
 from gateway.requests import Targets
+from gateway.retry_after import servers_back_s
 from taskserver.config import BUSY_PREFIX
 
 
@@ -86,10 +87,14 @@ class TargetPicker:
         links: Mapping[str, TaskLink],
         rng: random.Random,
         wait_of: Callable[[TaskLink], tuple[float, float]] | None = None,
+        back_in: Callable[[TaskLink], float | None] | None = None,
     ) -> None:
         self.config = config
         self.wait_of = wait_of
         """least-wait pools: a link's (estimated back-of-queue wait ms, mean service ms)."""
+        self.back_in = back_in
+        """How soon a server that takes no task now may take one again (seconds; None: not
+        by itself; gateway.retry_after.server_back_s): the Retry-After of the 503s here."""
         self._least_wait = {p.name for p in config.pools if p.pick == "least-wait"}
         self.links = links
         """Every registered server by id (the service's own dict, read live)."""
@@ -164,10 +169,20 @@ class TargetPicker:
                 )
             # The pool has the servers, but too few take queries now (down, draining, a
             # rolling restart): worth a retry, so 503, not a client error.
+            taking = set(members)
+            others = [
+                lk
+                for lk in self.links.values()
+                if lk.pool == t.pool
+                and lk.server_id not in taking
+                and (t.cluster is None or lk.cluster == t.cluster)
+                and (t.exclude_cluster is None or lk.cluster != t.exclude_cluster)
+            ]
             raise self._unavailable(
                 f"fanout {t.fanout} needs {t.fanout} servers of {scope} and {len(members)} "
                 f"of its {size} take queries now (the others are down or draining)",
                 "servers_unavailable",
+                retry_after=self.back_of(others, t.fanout - len(members)),
                 servers_available=len(members),
                 servers_registered=size,
             )
@@ -177,6 +192,13 @@ class TargetPicker:
         if t.pool in self._least_wait and self.wait_of is not None:
             return self._least(members, t.fanout)
         return self._sample(members, t.fanout)
+
+    def back_of(self, links: Iterable[TaskLink], needed: int) -> float | None:
+        """When `needed` of these servers may take tasks again (None: no estimate)."""
+        back_in = self.back_in
+        if back_in is None:
+            return None
+        return servers_back_s((back_in(lk) for lk in links), needed)
 
     def _size(self, pool: str, cluster: str | None, exclude: str | None) -> int:
         """The pool's (or cluster's) size: its servers registered in any state, or those its
@@ -303,9 +325,12 @@ class TargetPicker:
                     clusters_down=down,
                     owner=min(map(str, owners)),
                 )
+            # Retry when every such cluster may have a live server again.
+            backs = [self.back_of((self.links[s] for s in clusters[c]), 1) for c in down]
             raise self._unavailable(
                 f"cluster {names} of pool {pool!r} has no live servers",
                 "cluster_unavailable",
+                retry_after=None if None in backs else max(b for b in backs if b is not None),
                 clusters_down=down,
             )
 
@@ -335,7 +360,11 @@ class TargetPicker:
             links += self._sample(ids, k)
         return links
 
-    def _unavailable(self, message: str, code: str, **extra: object) -> Unavailable:
+    def _unavailable(
+        self, message: str, code: str, retry_after: float | None = None, **extra: object
+    ) -> Unavailable:
+        if retry_after is not None:
+            extra["retry_after_s"] = round(retry_after, 3)  # the 503's Retry-After (gateway.app)
         return Unavailable(
             message,
             code=code,

@@ -61,6 +61,11 @@ class MetricsView(Protocol):
         """The queries counter (prometheus_client), by class and outcome."""
         ...
 
+    @property
+    def drop_counts(self) -> Mapping[tuple[str, str], int]:
+        """(pool, pipeline module) -> tasks dropped there, since start."""
+        ...
+
     def drain_latencies(self) -> dict[str, list[float]]:
         """The answered-query latencies since the last call, per class."""
         ...

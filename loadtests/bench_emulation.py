@@ -14,8 +14,8 @@ time) and the process CPU time per task, for each sleep mechanism:
     python -m loadtests.bench_emulation [--service masstree] [--scale 100] [--servers 100]
         [--utilisation 0.5] [--tasks 20000] [--uvloop]
 
-Service times come from the Tailbench table of `--service` in `--data-dir` (default
-``../shared/data/tailbench``), with the paper's tail.
+Service times come from the Tailbench table of `--service` in `--data-dir` (default: the
+tables shipped in ``loadtests/sim/data/tailbench``), with the paper's tail.
 """
 
 from __future__ import annotations
@@ -30,10 +30,11 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from admission.tails import nearest_rank
+from loadtests.sim.tailbench import TAILBENCH_DIR
 from taskserver.executors import _sleep_precisely
 from taskserver.service_time import ServiceSpec, make_distribution
 
-DEFAULT_DATA_DIR = Path("../shared/data/tailbench")
+DEFAULT_DATA_DIR = TAILBENCH_DIR
 
 
 async def _plain(duration_s: float) -> None:

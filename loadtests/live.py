@@ -595,13 +595,18 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     from loadtests.sim.scenario import load_scenario
+    from loadtests.sim.tailbench import resolve_table
     from taskserver.service_time import ServiceSpec
 
-    p = argparse.ArgumentParser(prog="tailgate live", description=__doc__.split("\n")[0])
+    # The module docstring's first line, as plain text for --help.
+    description = __doc__.split("\n")[0].replace("`", "")
+    p = argparse.ArgumentParser(prog="tailgate live", description=description)
     sub = p.add_subparsers(dest="action", required=True)
     run_p = sub.add_parser("run", help="one replay at one load, beside the simulator")
-    run_p.add_argument("--load", type=float, required=True)
-    run_p.add_argument("--policy")
+    run_p.add_argument(
+        "--load", type=float, required=True, help="offered load, as for tailgate sim run"
+    )
+    run_p.add_argument("--policy", help="queue policy (default: the scenario's [run] policy)")
     max_p = sub.add_parser("maxload", help="live max load per policy, beside the simulator's")
     max_p.add_argument(
         "--policy", action="append", help="repeat per policy (default: the scenario's)"
@@ -629,7 +634,8 @@ def main(argv: list[str] | None = None) -> int:
         q.add_argument(
             "--service-quantiles",
             required=True,
-            help="the service-time table (e.g. ../shared/data/tailbench/masstree_quantiles.txt)",
+            help="the service-time table: a file, or tailbench:masstree, tailbench:shore, "
+            "tailbench:xapian (the shipped tables)",
         )
         q.add_argument(
             "--wait-estimates",
@@ -644,7 +650,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_sigterm)
     try:
         scn = load_scenario(args.scenario)
-        path = str(Path(args.service_quantiles).resolve())
+        path = str(Path(resolve_table(args.service_quantiles)).resolve())
         scn = scn.with_service(ServiceSpec(kind="quantiles", path=path))
         if args.queries:
             scn = replace(scn, run=replace(scn.run, queries=args.queries))

@@ -3,9 +3,10 @@
 ``profile PIPELINE [--batch-sizes 1,2,4] [--warmup N] [--repeats N] [--rounds N]
 [--out FILE] [--provider cpu|cuda|auto] [--threads N]``: PIPELINE is a spec file or the
 name of a shipped pipeline (traffic, live, dag). It prints a table of module x batch size
-and writes the profile (default: ``<pipeline>.profile.json`` beside the spec). A missing
-file, an invalid spec or an unavailable provider is reported in one line on stderr, exit
-status 2.
+and writes the profile to ``--out`` (default: ``<pipeline>.profile.json`` in the current
+directory, so the profiles shipped beside the specs stay as they are) and prints where.
+A missing onnxruntime, a missing file, an invalid spec or an unavailable provider is
+reported in one line on stderr, exit status 2.
 
 `add_parser(subparsers)` registers the command under a parent CLI; ``python -m onnx_models``
 runs it on its own.
@@ -59,7 +60,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="measure each module's batch durations d_k(b) of an ONNX pipeline",
         description="Measure each module's execution duration d_k(b) at each batch size with "
         "onnxruntime, print a table and write the profile file (default: "
-        "<pipeline>.profile.json beside the spec).",
+        "PIPELINE.profile.json in the current directory; a runtime reads it with --profile).",
     )
     p.add_argument("pipeline", help="pipeline spec file (.json/.toml) or shipped name")
     p.add_argument(
@@ -75,7 +76,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=5,
         help="interleaved passes the repeats are split into, against bursts of load (5)",
     )
-    p.add_argument("--out", type=Path, help="profile file (default: beside the spec)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        help="profile file to write (default: PIPELINE.profile.json in the current directory)",
+    )
     p.add_argument(
         "--provider",
         choices=["auto", "cpu", "cuda"],
@@ -95,9 +100,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def cmd_profile(args: argparse.Namespace) -> int:
     """Profile the pipeline, print the table and write the file; 2 on a bad input."""
     from onnx_models.errors import OnnxModelsError
-    from onnx_models.profile import default_profile_path, profile_pipeline
+    from onnx_models.profile import profile_pipeline
     from onnx_models.spec import load_pipeline, pipeline_path, shipped_pipelines
+    from taskserver.extras import needs
 
+    problem = needs("tailgate profile", "onnxruntime")
+    if problem is not None:
+        print(problem, file=sys.stderr)
+        return 2
     path = pipeline_path(args.pipeline)
     if not path.exists():
         shipped = ", ".join(shipped_pipelines())
@@ -109,7 +119,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
         return 2
     try:
         spec = load_pipeline(path)
-        out = args.out or default_profile_path(spec)
+        # Never beside the spec by default: that is where the shipped profiles live.
+        out = args.out or Path.cwd() / f"{spec.name}.profile.json"
         if not out.parent.is_dir():
             print(f"profile: --out: folder {out.parent} does not exist", file=sys.stderr)
             return 2
@@ -131,7 +142,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         print(f"profile: cannot write the profile: {exc}", file=sys.stderr)
         return 2
     format_table(profile, sys.stdout)
-    print(f"wrote {out}")
+    print(f"wrote {out.resolve()}")
     return 0
 
 

@@ -141,6 +141,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(CATALOG)}")
     names = args.models or list(CATALOG)
+    from taskserver.extras import needs
+
+    # Before the first export: torch and onnx export, onnxruntime checks (--check).
+    problem = needs("export", "torch", "onnx", *(["onnxruntime"] if args.check else []))
+    if problem is not None:
+        print(problem, file=sys.stderr)
+        return 2
     try:
         if args.check:
             with tempfile.TemporaryDirectory() as tmp:

@@ -12,6 +12,9 @@ Errors::
     Exception
      └── ExecutorError   the payload was invalid or its execution failed; the message is
           │              sent back to the gateway as the task's error
+          ├── InvalidTask  the payload is invalid (the client's mistake), naming the field;
+          │                reported FAILED with an error that starts with INVALID_TASK_PREFIX,
+          │                so that a gateway answers the client 4xx rather than 502
           └── TaskDropped  the executor dropped the task on purpose: it could not meet its
                            latency budget (PARD); reported as DROPPED, not FAILED
 """
@@ -21,11 +24,40 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any
 
-__all__ = ["Executor", "ExecutorError", "TaskDropped"]
+__all__ = ["INVALID_TASK_PREFIX", "Executor", "ExecutorError", "InvalidTask", "TaskDropped"]
+
+INVALID_TASK_PREFIX = "invalid task:"
+"""How the error of a task whose payload was invalid starts on the wire (a FAILED result):
+the mark that lets a gateway tell the client's mistake from a server's failure. Older
+gateways see a FAILED task with a message, as before."""
 
 
 class ExecutorError(Exception):
     """The task's payload or execution failed; the message goes back to the gateway."""
+
+
+class InvalidTask(ExecutorError):
+    """The task's payload is invalid: `field` is at fault (``end``), `problem` says how;
+    str() is ``"field: problem"``."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+        self.problem = problem
+
+    def wire_error(self) -> str:
+        """The result's error on the wire: ``"invalid task: end: must be after start ..."``."""
+        return f"{INVALID_TASK_PREFIX} {self}"
+
+    @classmethod
+    def from_wire(cls, error: str | None) -> InvalidTask | None:
+        """The InvalidTask a result's error reports, or None when it reports none."""
+        if error is None or not error.startswith(INVALID_TASK_PREFIX):
+            return None
+        field, sep, problem = error[len(INVALID_TASK_PREFIX) :].strip().partition(": ")
+        if not sep or not field:
+            return cls("payload", error[len(INVALID_TASK_PREFIX) :].strip())
+        return cls(field, problem)
 
 
 class TaskDropped(ExecutorError):

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from taskserver.queues import QueuePolicy
 from taskserver.service_time import ServiceSpec
+from taskserver.tracing import TracingConfig
 
 BUSY_PREFIX = "busy:"
 """How the error of a task refused by a busy server (`reject_when_busy`) starts: the wire
@@ -72,6 +73,8 @@ class TaskServerConfig:
     """No task holds a slot longer than this, whatever budget it carries."""
     max_frame_bytes: int = 64 * 1024 * 1024
     """Largest Thrift frame accepted; a peer that sends or declares more is disconnected."""
+    tracing: TracingConfig = field(default_factory=TracingConfig)
+    """OpenTelemetry spans of traced tasks (the top-level [tracing] table of tailgate.toml)."""
 
     def __post_init__(self) -> None:
         if not self.server_id or not self.server_id.strip():

@@ -17,11 +17,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
 import urllib.parse
 from collections.abc import Callable, Sized
 from typing import TYPE_CHECKING, Any, Protocol
 
+from taskserver.backoff import Backoff, RetryLog
 from taskserver.registration import GatewayUnreachable, auth_headers, gateway_call, gateway_urls
 
 if TYPE_CHECKING:
@@ -52,12 +54,17 @@ LEAVE_MARGIN_S = 2.0
 
 
 async def register_forever(
-    config: TaskServerConfig, address: str, slots: int, stop: asyncio.Event
+    config: TaskServerConfig,
+    address: str,
+    slots: int,
+    stop: asyncio.Event,
+    rng: random.Random | None = None,
 ) -> None:
     """Register with every gateway now and every interval, until `stop` is set.
 
     Idempotent, so a restarted gateway learns the server again. A registration in flight
     when `stop` is set completes before this returns (none may land after the DELETE).
+    A failed one is tried again after a jittered backoff drawn from `rng`.
     """
     body: dict[str, Any] = {
         "id": config.server_id,
@@ -69,23 +76,66 @@ async def register_forever(
         body["cluster"] = config.cluster
     headers = auth_headers(config)
     urls = [u + "/v1/servers" for u in gateway_urls(config.gateway_url)]
+    rng = random.Random() if rng is None else rng
+    await asyncio.gather(*(_register_with(url, body, headers, config, stop, rng) for url in urls))
+
+
+REGISTER_RETRY_BASE_S = 0.25
+"""After a failed registration the next try comes within this long, the bound doubling per
+failure up to the registration interval (taskserver.backoff: full jitter). A gateway that
+comes up later learns the server within one interval, as one that is up all along."""
+
+
+async def _register_with(
+    url: str,
+    body: dict[str, Any],
+    headers: dict[str, str],
+    config: TaskServerConfig,
+    stop: asyncio.Event,
+    rng: random.Random,
+) -> None:
+    """Register with one gateway every interval, retrying sooner (backoff) after a failure;
+    log the first failure, a new error, at most one "still failing" line a minute and the
+    recovery, instead of a line per try."""
+    interval_s = config.register_interval_s
+    backoff = Backoff(min(REGISTER_RETRY_BASE_S, interval_s), interval_s, rng)
+    retry = RetryLog(f"server {config.server_id}: registration at {url}")
+    extra = {"server_id": config.server_id, "pool": config.pool}
     while not stop.is_set():
-        await asyncio.gather(*(_register(url, body, headers) for url in urls))
+        failure = await _register(url, body, headers)
+        now = time.monotonic()
+        if failure is None:
+            backoff.reset()
+            wait_s = interval_s
+            line = retry.succeeded(now)
+            if line is not None:
+                log.info("%s", line, extra=extra)
+        else:
+            level, error = failure
+            wait_s = backoff.failed()
+            line = retry.failed(error, now, wait_s)
+            if line is not None:
+                # Not reachable at first is how a server started before its gateway begins.
+                level = level if retry.failures == 1 else max(level, logging.WARNING)
+                log.log(level, "%s", line, extra=extra)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), config.register_interval_s)
+            await asyncio.wait_for(stop.wait(), wait_s)
 
 
-async def _register(url: str, body: dict[str, Any], headers: dict[str, str]) -> None:
+async def _register(
+    url: str, body: dict[str, Any], headers: dict[str, str]
+) -> tuple[int, str] | None:
+    """One registration: None when it took, else (log level, what went wrong)."""
     try:
         # shorter than the drain's wait for it, so none lands after the DELETE
         status, text = await gateway_call("POST", url, body, headers, timeout_s=LEAVE_MARGIN_S)
     except GatewayUnreachable as exc:
-        log.info("gateway %s not reachable yet: %s", url, exc)
-    else:
-        if status == 401:
-            log.error("registration at %s refused: wrong or missing token (401)", url)
-        elif status >= 400:
-            log.warning("registration at %s refused (%s): %s", url, status, text)
+        return logging.INFO, f"gateway not reachable: {exc}"
+    if status == 401:
+        return logging.ERROR, "refused: wrong or missing token (401)"
+    if status >= 400:
+        return logging.WARNING, f"refused ({status}): {text}"
+    return None
 
 
 async def retire_when_idle(service: Drainable, config: TaskServerConfig) -> None:

@@ -8,7 +8,12 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 # No `_created` series beside every counter and histogram: Prometheus does not use them and
@@ -192,54 +197,88 @@ class TaskServerMetrics:
         self.wire_violations.labels(self._server_id, reason).inc()
 
 
+PIPELINE_OUTCOMES = ("on_time", "late", "dropped", "cancelled", "failed")
+"""How a request leaves a pipeline: the `outcome` label of tailgate_pipeline_requests_total."""
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
 class PipelineCollector(Collector):
-    """A pipeline executor's figures (PARD §5.1 metrics), read from its snapshot at scrape."""
+    """A pipeline executor's figures (PARD §5.1 metrics), read from its snapshot at scrape.
+
+    Only counters, histograms and instantaneous gauges: goodput, drop rate, invalid rate
+    and mean batch size are ratios of these counters that PromQL takes over any window
+    (``rate(tailgate_pipeline_requests_total{outcome="on_time"}[5m])`` is the goodput).
+    """
 
     def __init__(self, snapshot: Callable[[], dict], server_id: str) -> None:
         self._snapshot = snapshot
         self._server = server_id
 
-    def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
+    def collect(self) -> Iterable[Metric]:
         snap = self._snapshot()
         labels = [self._server, str(snap["pipeline"]), str(snap["dropper"])]
         names = ["server", "pipeline", "dropper"]
-        for key, doc in (
-            ("goodput_rps", "Requests finished within their budget per second (recent window)."),
-            ("drop_rate", "(Dropped + finished late) / all finished requests."),
-            ("invalid_rate", "Model time spent on requests finally dropped / all model time."),
-        ):
-            g = GaugeMetricFamily(f"tailgate_pipeline_{key}", doc, labels=names)
-            g.add_metric(labels, float(snap[key]))
-            yield g
+        requests = CounterMetricFamily(
+            "tailgate_pipeline_requests",
+            "Requests that left the pipeline, by outcome: on_time (within their budget: the "
+            "goodput), late, dropped (by the dropping policy), cancelled, failed.",
+            labels=[*names, "outcome"],
+        )
+        outcomes = snap["outcomes"]
+        for outcome in PIPELINE_OUTCOMES:
+            requests.add_metric([*labels, outcome], float(outcomes.get(outcome, 0)))
+        yield requests
+        in_flight = GaugeMetricFamily(
+            "tailgate_pipeline_requests_in_flight",
+            "Requests in the pipeline now (arrived and not yet finished).",
+            labels=names,
+        )
+        in_flight.add_metric(labels, float(snap["in_flight"]))
+        yield in_flight
         drops = CounterMetricFamily(
             "tailgate_pipeline_drops",
-            "Requests dropped, by the module that dropped them.",
+            "Requests dropped by the dropping policy, by the module that dropped them.",
             labels=[*names, "module"],
         )
         for module, n in sorted(snap["drops_by_module"].items()):
             drops.add_metric([*labels, str(module)], float(n))
         yield drops
-        batch = GaugeMetricFamily(
-            "tailgate_pipeline_mean_batch",
-            "Mean batch size each module ran.",
-            labels=[*names, "module"],
+        per_module = [*names, "module"]
+        compute = CounterMetricFamily(
+            "tailgate_pipeline_compute_seconds",
+            "Model time a module spent on finished requests (a batch's time shared equally "
+            "by its requests).",
+            labels=per_module,
         )
-        invalid = GaugeMetricFamily(
-            "tailgate_pipeline_module_invalid_rate",
-            "Model time a module spent on requests finally dropped / its model time.",
-            labels=[*names, "module"],
+        invalid = CounterMetricFamily(
+            "tailgate_pipeline_invalid_compute_seconds",
+            "The part of tailgate_pipeline_compute_seconds_total spent on requests finally "
+            "dropped or late (PARD's invalid compute).",
+            labels=per_module,
+        )
+        batch = HistogramMetricFamily(
+            "tailgate_pipeline_batch_size",
+            "Requests per batch a module ran.",
+            labels=per_module,
         )
         scale = GaugeMetricFamily(
             "tailgate_pipeline_module_duration_scale",
             "Measured / profiled batch time the module's d_k follows (1: the profile's).",
-            labels=[*names, "module"],
+            labels=per_module,
         )
         for module, m in sorted(snap["modules"].items()):
-            batch.add_metric([*labels, str(module)], float(m["mean_batch"]))
-            if "invalid_rate" in m:
-                invalid.add_metric([*labels, str(module)], float(m["invalid_rate"]))
+            key = [*labels, str(module)]
+            compute.add_metric(key, float(m["compute_s"]))
+            invalid.add_metric(key, float(m["invalid_s"]))
+            sizes = {int(size): int(n) for size, n in m["batch_sizes"].items()}
+            buckets = [
+                (_le(bound), float(sum(n for size, n in sizes.items() if size <= bound)))
+                for bound in (*BATCH_SIZE_BUCKETS, float("inf"))
+            ]
+            batch.add_metric(key, buckets, float(sum(s * n for s, n in sizes.items())))
             if "duration_scale" in m:
-                scale.add_metric([*labels, str(module)], float(m["duration_scale"]))
-        yield batch
+                scale.add_metric(key, float(m["duration_scale"]))
+        yield compute
         yield invalid
+        yield batch
         yield scale

@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from taskserver.abc import InvalidTask
 from taskserver.config import BUSY_PREFIX, TaskServerConfig
 from taskserver.executors import EmulatedExecutor, Executor, ExecutorError, TaskDropped
 from taskserver.exposition import Reply, Route, start_http
@@ -35,6 +36,7 @@ from taskserver.messages import claim_problem, task_identity_problem, task_probl
 from taskserver.ownership import NONCE_BYTES, OwnerLease, proof_matches
 from taskserver.queues import Dequeued, QueuedTask, QueueFull, TaskQueue, create_task_queue
 from taskserver.service_time import make_distribution
+from taskserver.tracing import TaskSpans, Tracing, open_tracing
 from taskserver.wire import (
     CALL,
     DEFAULT_LIMITS,
@@ -93,7 +95,9 @@ class _Throttled:
         self._last: dict[str, float] = {}
         self._skipped: dict[str, int] = {}
 
-    def warning(self, key: str, now: float, msg: str, *args: Any) -> None:
+    def warning(
+        self, key: str, now: float, msg: str, *args: Any, extra: dict[str, Any] | None = None
+    ) -> None:
         last = self._last.get(key)
         if last is not None and now - last < self.every_s:
             self._skipped[key] = self._skipped.get(key, 0) + 1
@@ -101,7 +105,7 @@ class _Throttled:
         skipped = self._skipped.pop(key, 0)
         self._last[key] = now
         suffix = f" ({skipped} more like it since the last report)" if skipped else ""
-        log.warning(msg + suffix, *args)
+        log.warning(msg + suffix, *args, extra=extra)
 
 
 class TaskService:
@@ -122,6 +126,7 @@ class TaskService:
         limits: WireLimits = DEFAULT_LIMITS,
         frontend_horizon_s: float = FRONTEND_HORIZON_S,
         reject_when_busy: bool = False,
+        spans: TaskSpans | None = None,
     ) -> None:
         self.server_id = server_id
         self.queue = queue
@@ -136,6 +141,8 @@ class TaskService:
         self.limits = limits
         self.reject_when_busy = reject_when_busy
         """Queue nothing: a task that finds every slot busy goes back REJECTED, BUSY_PREFIX."""
+        self.spans = spans
+        """Records traced tasks' queue wait and service as spans (None: tracing is off)."""
         self.reclaimed = 0
         """Slots the watchdog took back from tasks that ran past their budget."""
         self.violations = 0
@@ -326,6 +333,9 @@ class TaskService:
             result = await self.executor.execute(task.payload or b"", budget_ms=budget_ms)
         except TaskDropped as exc:
             status, error = TaskStatus.DROPPED, str(exc)
+        except InvalidTask as exc:
+            # Marked, so that the gateway answers its client 4xx naming the field.
+            status, error = TaskStatus.FAILED, exc.wire_error()
         except ExecutorError as exc:
             status, error = TaskStatus.FAILED, str(exc)
         except asyncio.CancelledError:
@@ -381,6 +391,10 @@ class TaskService:
         error: str | None = None,
     ) -> None:
         now = self.clock()
+        if self.spans is not None and task.traceparent is not None:
+            self.spans.record(
+                task, status_names()[status], received_s, dequeued_s, service_s, missed, error
+            )
         # Positional (IDL field order: query_id, task_index, status, queue_ms, service_ms,
         # server_ms, missed_deadline, result, error): a third of the keyword cost, per task.
         res = self._t.TaskResult(
@@ -455,6 +469,11 @@ class TaskService:
                 task.query_id,
                 task.task_index,
                 error.removeprefix("task "),
+                extra={
+                    "server_id": self.server_id,
+                    "query_id": task.query_id,
+                    "outcome": "reclaimed",
+                },
             )
             if self.metrics is not None:
                 self.metrics.slots_reclaimed.inc()
@@ -689,8 +708,10 @@ def build_service(
     config: TaskServerConfig,
     registry: CollectorRegistry | None = None,
     executor: Executor | None = None,
+    tracing: Tracing | None = None,
 ) -> TaskService:
-    """Wire a TaskService from its config (an emulated executor unless one is given)."""
+    """Wire a TaskService from its config (an emulated executor unless one is given); with
+    `tracing`, traced tasks' queue wait and service become spans."""
     if executor is None:
         executor = EmulatedExecutor(
             make_distribution(config.service),
@@ -707,7 +728,7 @@ def build_service(
             from taskserver.metrics import PipelineCollector
 
             registry.register(PipelineCollector(executor.snapshot, config.server_id))
-    return TaskService(
+    service = TaskService(
         config.server_id,
         create_task_queue(config.policy, max_len=config.max_queue),
         executor,
@@ -719,6 +740,9 @@ def build_service(
         limits=WireLimits.for_frames_of(config.max_frame_bytes),
         reject_when_busy=config.reject_when_busy,
     )
+    if tracing is not None:
+        service.spans = TaskSpans(tracing, config.server_id, service.clock)
+    return service
 
 
 def _metrics_routes(service: TaskService, registry: CollectorRegistry) -> dict[str, Route]:
@@ -749,13 +773,34 @@ async def serve(
     *,
     registry: CollectorRegistry | None = None,
     stop: asyncio.Event | None = None,
+    tracing: Tracing | None = None,
 ) -> None:
     """Run a task server until `stop` is set or it retires, then drain; or until cancelled.
 
     With a metrics port, /metrics exports `registry` (a new one if None) with the task
     server's own metrics added; the announcement then names the metrics address too.
-    Setting `stop` (SIGTERM in the CLI) drains: see taskserver.lifecycle.
+    Setting `stop` (SIGTERM in the CLI) drains: see taskserver.lifecycle. With
+    ``[tracing] enabled`` it traces through `tracing` (its own provider if None, flushed at
+    the end; ConfigError before anything starts when the extra is missing).
     """
+    own_tracing = tracing is None and config.tracing.enabled
+    if own_tracing:
+        tracing = open_tracing(config.tracing, "tailgate-taskserver", "tailgate.taskserver")
+    try:
+        await _serve(config, ready, executor, registry, stop, tracing)
+    finally:
+        if own_tracing and tracing is not None:
+            tracing.shutdown()
+
+
+async def _serve(
+    config: TaskServerConfig,
+    ready: Callable[[str], None] | None,
+    executor: Executor | None,
+    registry: CollectorRegistry | None,
+    stop: asyncio.Event | None,
+    tracing: Tracing | None,
+) -> None:
     stop = asyncio.Event() if stop is None else stop
     if not config.metrics_port:
         registry = None
@@ -763,7 +808,7 @@ async def serve(
         from prometheus_client import CollectorRegistry
 
         registry = CollectorRegistry()
-    service = build_service(config, registry, executor)
+    service = build_service(config, registry, executor, tracing)
     loop = asyncio.get_running_loop()
     server = await loop.create_server(service.protocol_factory, config.host, config.port)
     port = server.sockets[0].getsockname()[1]
@@ -855,9 +900,17 @@ async def serve_many(
     """Run several task servers in this event loop (`serve` each) until `stop` is set.
 
     Each announces itself on its own line. If one fails (a port taken), the others are
-    stopped and drained, and its error is raised.
+    stopped and drained, and its error is raised. With tracing on they share one provider.
     """
-    await serve_together([functools.partial(serve, c, ready=ready) for c in configs], stop=stop)
+    tracing = None
+    if configs and configs[0].tracing.enabled:
+        tracing = open_tracing(configs[0].tracing, "tailgate-taskserver", "tailgate.taskserver")
+    servers = [functools.partial(serve, c, ready=ready, tracing=tracing) for c in configs]
+    try:
+        await serve_together(servers, stop=stop)
+    finally:
+        if tracing is not None:
+            tracing.shutdown()
 
 
 async def serve_together(

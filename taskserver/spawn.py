@@ -10,11 +10,18 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
+from taskserver.logformat import current_log_format
+
 __all__ = ["tailgate_argv", "taskserver_argv"]
 
 
-def tailgate_argv(config_path: str | None = None, log_level: str = "WARNING") -> list[str]:
-    """``python -m deploy.cli [--config FILE] --log-level LEVEL`` with this interpreter."""
+def tailgate_argv(
+    config_path: str | None = None, log_level: str = "WARNING", log_format: str | None = None
+) -> list[str]:
+    """``python -m deploy.cli [--config FILE] --log-level LEVEL [--log-format json]`` with this
+    interpreter. The log format is this process's own unless given (children share the
+    parent's stderr, so they write the same format)."""
+    fmt = current_log_format() if log_format is None else log_format
     return [
         sys.executable,
         "-m",
@@ -22,6 +29,7 @@ def tailgate_argv(config_path: str | None = None, log_level: str = "WARNING") ->
         *(["--config", config_path] if config_path else []),
         "--log-level",
         log_level,
+        *(["--log-format", fmt] if fmt != "text" else []),
     ]
 
 

@@ -17,7 +17,8 @@ namespace py tailgate
 
 enum TaskStatus {
   OK = 0,          // executed, `result` holds the payload
-  FAILED = 1,      // executor raised; `error` says why
+  FAILED = 1,      // executor raised; `error` says why ("invalid task: <field>: ..." when
+                   // the payload was invalid: the client's mistake, see taskserver/abc.py)
   CANCELLED = 2,   // removed by cancel(query_id) before or while running
   REJECTED = 3,    // the server refused it or gave it up unfinished (draining, owned
                    // by another gateway, bad payload, queue full); `error` says why
@@ -37,6 +38,14 @@ struct Task {
   6: optional string class_name,
   // Opaque task payload (JSON for the built-in executors).
   7: optional binary payload,
+  // W3C Trace Context of the gateway's span for this task, sent only when the
+  // gateway traces (taskserver/tracing.py): a version-00 traceparent (55
+  // characters) and the caller's tracestate (at most 512 characters). A server
+  // that traces records the task's queue wait and service as child spans; it
+  // ignores a value that is not valid, and a server that predates the fields
+  // skips them.
+  8: optional string traceparent,
+  9: optional string tracestate,
 }
 
 struct TaskResult {

@@ -9,6 +9,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
+from loadtests.sim.tailbench import resolve_table
 from taskserver.queues import QueuePolicy
 from taskserver.service_time import ServiceSpec
 from taskserver.tomlconfig import ConfigError
@@ -52,7 +53,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--out", default="sim-results", help="output folder (sim-results)")
     p.add_argument(
         "--data-dir",
-        help="folder with the Tailbench *_quantiles.txt files (default: ../shared/data/tailbench)",
+        help="folder with the Tailbench *_quantiles.txt files (default: the tables shipped "
+        "in loadtests/sim/data/tailbench)",
     )
     p.add_argument("--queries", type=int, help="queries per run (default: per experiment)")
     p.add_argument("--apps", help="comma-separated subset of masstree,shore,xapian")
@@ -83,7 +85,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--service-quantiles",
         metavar="FILE",
-        help="use this quantile file as the service distribution",
+        help="use this quantile file as the service distribution (or tailbench:masstree, "
+        "tailbench:shore, tailbench:xapian: a shipped table)",
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
@@ -101,7 +104,11 @@ def _scenario(args: argparse.Namespace) -> Any:
         run = replace(run, budget_adjust=True)
     scn = replace(scn, run=run)
     if args.service_quantiles:
-        scn = scn.with_service(ServiceSpec(kind="quantiles", path=args.service_quantiles))
+        try:
+            path = resolve_table(args.service_quantiles)
+        except ValueError as exc:
+            raise ConfigError("--service-quantiles", str(exc)) from None
+        scn = scn.with_service(ServiceSpec(kind="quantiles", path=path))
     return scn
 
 

@@ -27,15 +27,16 @@ from loadtests.sim.engine import SimResult
 from loadtests.sim.maxload import ci95, find_max_load
 from loadtests.sim.output import md_table, write_csv
 from loadtests.sim.progress import ProgressBar
-from loadtests.sim.report import MIN_TAIL_SAMPLES, Report, TailStat, report
+from loadtests.sim.report import MIN_TAIL_SAMPLES, Report, TailStat, report, thin_group
 from loadtests.sim.scenario import Scenario
+from loadtests.sim.tailbench import APPS as APPS  # the experiments' applications
+from loadtests.sim.tailbench import TAILBENCH_DIR
 from taskserver.queues import QueuePolicy
 from taskserver.service_time import ServiceSpec
 
-APPS = ("masstree", "shore", "xapian")
 SCENARIO_DIR = Path(__file__).resolve().parent.parent / "scenarios"
-DEFAULT_DATA_DIR = Path("../shared/data/tailbench")
-"""Where the Tailbench quantile files are, relative to the working directory."""
+DEFAULT_DATA_DIR = TAILBENCH_DIR
+"""Where the Tailbench quantile files are: the tables shipped with the package."""
 DEFAULT_TOL = 0.01
 """Bisection bracket width: finer than the p99 noise of the rarest fanout type."""
 LOW, HIGH = 0.02, 0.98
@@ -541,18 +542,52 @@ def _max_load_table(found: Found, row_keys: Sequence[str], row_header: Sequence[
         fifo = found_here.get((QueuePolicy.FIFO, False))
         tf = found_here.get((QueuePolicy.TF_EDFQ, False))
         gain = _gain(fifo.max_load if fifo else 0.0, tf.max_load if tf else 0.0)
+        if any(s is not None and s.unjudged for s in (fifo, tf)):
+            gain = "unjudged"  # two lower bounds compare to no finding
         cells = [
             _fmt(found_here[c].max_load, found_here[c]) if c in found_here else "-" for c in cols
         ]
         out.append([*key, *cells, gain])
     table = md_table([*row_header, *[_title(*c) for c in cols], "TF-EDFQ vs FIFO"], out)
+    note = unjudged_note(found)
+    return f"**{note}**\n\n{table}" if note else table
+
+
+def unjudged_note(found: Found) -> str:
+    """One loud line when searches rest on groups too thin to judge, else "".
+
+    An unjudged probe counts as not met, so the max loads of those searches are lower
+    bounds and a comparison of them is no finding (more --queries fixes it).
+    """
     thin = [s for _, s in found if s.unjudged]
-    if thin:
-        table += (
-            f"\n\n**UNJUDGED probes in {len(thin)} of {len(found)} searches** (counted as not "
-            f"met, so those max loads are lower bounds at best), e.g. {thin[0].warning}"
-        )
-    return table
+    if not thin:
+        return ""
+    return (
+        f"UNJUDGED probes in {len(thin)} of {len(found)} searches: their max loads are lower "
+        f"bounds, not findings (rerun with more --queries); e.g. "
+        + thin[0].warning.removeprefix("UNJUDGED: ")
+    )
+
+
+def runs_note(runs: Sequence[RunSummary]) -> str:
+    """The same line for runs of a sweep or a shared bisection: "" when every group of every
+    run was judged."""
+    thin = [
+        (s, cname, tname, stat)
+        for s in runs
+        for cname, whole in s.classes.items()
+        for tname, stat in [("all", whole), *s.fanout_types.get(cname, {}).items()]
+        if not stat.enough
+    ]
+    if not thin:
+        return ""
+    s, cname, tname, stat = thin[0]
+    n_runs = len({id(t[0]) for t in thin})
+    group = thin_group(cname, tname, stat.samples, s.percentile[cname])
+    return (
+        f"UNJUDGED groups in {n_runs} of {len(runs)} runs, counted as not met: their max loads "
+        f"are lower bounds, not findings (rerun with more --queries); e.g. {group}"
+    )
 
 
 def _samples_section(per_app: dict[str, RunSummary | None]) -> str:

@@ -42,6 +42,8 @@ from loadtests.sim.experiments import (
     _title,
     _write_searches,
     ci95,
+    runs_note,
+    unjudged_note,
     with_budget,
     with_slos,
 )
@@ -82,6 +84,7 @@ def fanout_single_class(st: Settings, base: Scenario) -> list[str]:
 
     from loadtests.sim import plots
 
+    note = unjudged_note(found)
     plots.line_panels(
         st.out_dir / "max_load_vs_slo.png",
         lines,
@@ -89,6 +92,7 @@ def fanout_single_class(st: Settings, base: Scenario) -> list[str]:
         title="Max load vs p99 SLO (one class, k_f 1/10/100)",
         xlabel="p99 SLO (ms)",
         ylabel="max load",
+        note=note,
     )
     plots.grouped_bars(
         st.out_dir / "fanout_p99_at_max_load.png",
@@ -98,6 +102,7 @@ def fanout_single_class(st: Settings, base: Scenario) -> list[str]:
         title="p99 per fanout type at each policy's max load (dashed: SLO)",
         xlabel="p99 SLO (ms)",
         ylabel="p99 latency (ms)",
+        note=note,
     )
     return [
         "## Max load per SLO\n\nHighest load (fraction of capacity) at which the p99 of the "
@@ -144,6 +149,7 @@ def fanout_two_classes(st: Settings, base: Scenario) -> list[str]:
         title="Max load, two classes (p99 SLOs x and 1.5x ms), k_f 1/10/100",
         xlabel="SLO x of class I (ms); class II: 1.5x",
         ylabel="max load",
+        note=unjudged_note(found),
     )
     n_slo = max(len(v) for v in TWO_CLASS_SLOS_MS.values())
     return [
@@ -213,6 +219,7 @@ def fixed_fanout_two_classes(st: Settings, base: Scenario) -> list[str]:
         title="p99 per class vs load, k_f = N = 100 (dashed: SLOs)",
         xlabel="load",
         ylabel="p99 latency (ms)",
+        note=unjudged_note(found) or runs_note([s for c in curves.values() for s in c]),
     )
     step = SWEEP_LOADS[1] - SWEEP_LOADS[0]
     classes = [f"class {c.name}" for c in base.classes]
@@ -288,6 +295,7 @@ def mixed_fanout_four_classes(st: Settings, base: Scenario) -> list[str]:
     from loadtests.sim import plots
 
     bars = {names[g]: [gs.brackets[g][0] for gs in found.values()] for g in names}
+    note = runs_note([s for gs in found.values() for s in gs.runs])
     plots.grouped_bars(
         st.out_dir / "max_load_per_class.png",
         {"masstree": (list(found), bars)},
@@ -295,6 +303,7 @@ def mixed_fanout_four_classes(st: Settings, base: Scenario) -> list[str]:
         xlabel="policy",
         ylabel="max load",
         ncols=1,
+        note=note,
     )
     plots.curves_with_slo(
         st.out_dir / "p99_vs_load.png",
@@ -302,6 +311,7 @@ def mixed_fanout_four_classes(st: Settings, base: Scenario) -> list[str]:
         title="p99 per class at the loads the bisection ran (dashed: SLOs)",
         xlabel="load",
         ylabel="p99 latency (ms)",
+        note=note,
     )
     header = ["policy", *[f"class {g} ({slo[g]:g} ms)" for g in slo], "all classes"]
     first = next(iter(found.values()))
@@ -310,6 +320,7 @@ def mixed_fanout_four_classes(st: Settings, base: Scenario) -> list[str]:
         "judged fanout types) meets its SLO; `all classes`: the highest load at which every class "
         "does. One bisection per policy, its runs shared by all classes "
         f"({', '.join(f'{t}: {len(g.runs)}' for t, g in found.items())} runs).\n\n"
+        + (f"**{note}**\n\n" if note else "")
         + md_table(header, table),
         _samples_section({"masstree": first.runs[0] if first.runs else None}),
     ]

@@ -18,9 +18,9 @@ Points = Sequence[tuple[float, float]]
 def missing() -> str | None:
     """None when figures can be drawn; else one line naming the extra to install (checked
     before an experiment starts, not after its minutes of simulation)."""
-    import importlib.util
+    from taskserver.extras import missing_module
 
-    if importlib.util.find_spec("matplotlib") is None:
+    if missing_module("matplotlib"):
         return "the experiments' figures need matplotlib: pip install -e '.[sim]'"
     return None
 
@@ -56,10 +56,24 @@ def _label(
         ax.legend(fontsize="small", ncols=ncols, loc="upper left")
 
 
-def _save(plt: Any, fig: Any, path: Path, title: str) -> None:
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+NOTE_WIDTH = 110
+"""Characters per line of a figure's note."""
+
+
+def _save(plt: Any, fig: Any, path: Path, title: str, note: str = "") -> None:
+    """Title the figure and write it; a note (an UNJUDGED warning) goes in red under the
+    title and into the PNG's Description, so the figure cannot be read without it."""
+    if note:
+        import textwrap
+
+        fig.suptitle(title, y=1.0)
+        wrapped = textwrap.fill(textwrap.shorten(note, 3 * NOTE_WIDTH), NOTE_WIDTH)
+        fig.text(0.5, 0.985, wrapped, ha="center", va="top", color="red", fontsize="small")
+        fig.tight_layout(rect=(0, 0, 1, 0.9))
+    else:
+        fig.suptitle(title)
+        fig.tight_layout()
+    fig.savefig(path, dpi=110, metadata={"Description": note} if note else None)
     plt.close(fig)
 
 
@@ -72,8 +86,9 @@ def line_panels(
     ylabel: str,
     ncols: int = 3,
     ylim: tuple[float, float] | None = None,
+    note: str = "",
 ) -> None:
-    """One panel per key, one marked line per series."""
+    """One panel per key, one marked line per series (note: see `_save`)."""
     plt = _pyplot()
     fig, axes = _grid(plt, len(panels), ncols, 4.4, 3.4)
     for ax, (name, series) in zip(axes, panels.items(), strict=True):
@@ -83,7 +98,7 @@ def line_panels(
         if ylim is not None:
             ax.set_ylim(*ylim)
         _label(ax, name, xlabel, ylabel)
-    _save(plt, fig, path, title)
+    _save(plt, fig, path, title, note)
 
 
 def grouped_bars(
@@ -96,6 +111,7 @@ def grouped_bars(
     refs: Mapping[str, Sequence[float]] | None = None,
     ref_label: str = "SLO",
     ncols: int = 3,
+    note: str = "",
 ) -> None:
     """One panel per key: groups along x, one bar per series; refs draw a mark per group."""
     plt = _pyplot()
@@ -123,7 +139,7 @@ def grouped_bars(
         top = max(top, *(refs or {}).get(name, [0.0]))
         ax.set_ylim(0, 1.45 * top if top > 0 else 1.0)  # all zero: nothing met at any load
         _label(ax, name, xlabel, ylabel, grid_axis="y", ncols=3)
-    _save(plt, fig, path, title)
+    _save(plt, fig, path, title, note)
 
 
 def curves_with_slo(
@@ -135,6 +151,7 @@ def curves_with_slo(
     ylabel: str,
     ncols: int = 3,
     ymax_slo_factor: float = 2.5,
+    note: str = "",
 ) -> None:
     """One panel per key, one curve per series with its SLO as a dashed line of the same colour."""
     plt = _pyplot()
@@ -149,4 +166,4 @@ def curves_with_slo(
         # Far past the SLO the curves shoot up; cut there so the knee stays readable.
         ax.set_ylim(0, ymax_slo_factor * top)
         _label(ax, name, xlabel, ylabel)
-    _save(plt, fig, path, title)
+    _save(plt, fig, path, title, note)

@@ -52,7 +52,8 @@ from admission import (
     backend_order,
     estimate_backends,
 )
-from loadtests.sim.scenario import read_scenario_toml
+from loadtests.sim.scenario import read_scenario_toml, resolve_service_path
+from loadtests.sim.tailbench import PREFIX as TAILBENCH_PREFIX
 from loadtests.sim.workload import sample_service_ms
 from taskserver.service_time import ServiceSpec, make_distribution
 from taskserver.tomlconfig import ConfigError, build
@@ -481,14 +482,21 @@ def summary_rows(scn: PoolScenario, results: Sequence[PoolResult]) -> list[list[
 
 
 def load_pool_scenario(path: str | Path, data_dir: str | Path | None = None) -> PoolScenario:
-    """Load a pool scenario TOML; the service file is looked up in data_dir when given."""
+    """Load a pool scenario TOML; the service file is looked up in data_dir when given, else
+    as the scenario names it (``tailbench:APP``: the shipped table)."""
     p = Path(path)
     data = read_scenario_toml(p)
     try:
         scn = build(PoolScenario, data)
+        given = scn.service.path
+        if data_dir is not None and given:
+            if given.startswith(TAILBENCH_PREFIX):
+                name = f"{given.removeprefix(TAILBENCH_PREFIX)}_quantiles.txt"
+            else:
+                name = Path(given).name
+            resolved: str | None = str(Path(data_dir) / name)
+        else:
+            resolved = resolve_service_path(given, p.parent)
     except ConfigError as exc:
         raise ConfigError(exc.key, exc.message, str(p)) from None
-    if data_dir is not None and scn.service.path:
-        name = Path(scn.service.path).name
-        scn = replace(scn, service=replace(scn.service, path=str(Path(data_dir) / name)))
-    return scn
+    return replace(scn, service=replace(scn.service, path=resolved))

@@ -42,6 +42,17 @@ MIN_TAIL_SAMPLES = 10
 """A percentile is judged only with this many samples beyond it (10 for p99 = 1,000)."""
 
 
+def thin_group(cls: str, fanout_type: str, samples: int, percentile: float) -> str:
+    """How every warning names a group too thin to judge (fanout type "all": the class)."""
+    beyond = int(samples * (1.0 - percentile / 100.0))
+    needed = math.ceil(MIN_TAIL_SAMPLES / (1.0 - percentile / 100.0))
+    group = f"class {cls}" if fanout_type == "all" else f"class {cls} k={fanout_type}"
+    return (
+        f"{group} had {beyond:,} < {MIN_TAIL_SAMPLES} queries beyond its p{percentile:g} "
+        f"({samples:,} queries, {needed:,} needed)"
+    )
+
+
 def percentile(values: np.ndarray, p: float) -> float:
     """The p-th percentile: the smallest value with at least p% of samples at or below it."""
     if values.size == 0:
@@ -102,14 +113,10 @@ class Report:
         thin = self.unjudged()
         if not thin:
             return ""
+        pct = {c.name: c.percentile for c in self.result.scenario.classes}
         worst = max(need / max(n, 1) for _, _, n, need in thin)
-        groups = "; ".join(
-            f"class {c} k={k} has {n:,} samples, {need:,} needed" for c, k, n, need in thin
-        )
-        return (
-            f"UNJUDGED: {groups} (at least {MIN_TAIL_SAMPLES} beyond the percentile), so it "
-            f"is not called met; run about {worst:.1f}x the queries"
-        )
+        groups = "; ".join(thin_group(c, k, n, pct[c]) for c, k, n, _ in thin)
+        return f"UNJUDGED: {groups}; not called met: run about {worst:.1f}x the queries"
 
     def to_json(self) -> dict[str, Any]:
         """The `sim run --json` document."""

@@ -19,6 +19,7 @@ import numpy as np
 
 from admission.config import AdmissionConfig, AdmissionPolicy, AllocationConfig
 from gateway.stages import STAGE_RULES
+from loadtests.sim.tailbench import resolve_table
 from taskserver.queues import QueuePolicy
 from taskserver.service_time import ServiceSpec
 from taskserver.tomlconfig import ConfigError, build
@@ -411,9 +412,9 @@ def parse_scenario(
     """Build a Scenario from a parsed TOML document; relative paths resolve against base_dir."""
     try:
         scn = build(Scenario, data)
+        return _resolve_paths(scn, base_dir)
     except ConfigError as exc:
         raise ConfigError(exc.key, exc.message, source) from None
-    return _resolve_paths(scn, base_dir)
 
 
 def _resolve(path: str | None, base_dir: Path | None) -> str | None:
@@ -424,8 +425,19 @@ def _resolve(path: str | None, base_dir: Path | None) -> str | None:
     return str(candidate) if candidate.exists() else path
 
 
+def resolve_service_path(path: str | None, base_dir: Path | None) -> str | None:
+    """A scenario's service-time file: ``tailbench:APP`` is the shipped table; a relative
+    path is taken as given if it exists from here, else relative to the scenario's folder."""
+    if path is None:
+        return None
+    try:
+        return _resolve(resolve_table(path), base_dir)
+    except ValueError as exc:
+        raise ConfigError("service.path", str(exc)) from None
+
+
 def _resolve_paths(scn: Scenario, base_dir: Path | None) -> Scenario:
-    service = replace(scn.service, path=_resolve(scn.service.path, base_dir))
+    service = replace(scn.service, path=resolve_service_path(scn.service.path, base_dir))
     arrivals = replace(scn.arrivals, path=_resolve(scn.arrivals.path, base_dir))
     return replace(scn, service=service, arrivals=arrivals)
 

@@ -417,7 +417,8 @@ class PipelineExecutor(Executor):
         return list(self.workers[module_id].history)
 
     def snapshot(self) -> dict[str, Any]:
-        """Goodput, drop and invalid rates, drops per module, batch sizes, providers, overhead."""
+        """Goodput, drop and invalid rates and the counters behind them, drops per module,
+        batch sizes, providers, overhead."""
         now = self.clock()
         summary = self.metrics.pipeline(self.config.name, now)
         drops = {m: n for m, n in summary.drops_by_module.items() if m not in (CANCELLED, FAILED)}
@@ -427,6 +428,7 @@ class PipelineExecutor(Executor):
         for mid, w in self.workers.items():
             decide_s += w.decide_s
             decided += w.decided
+            module = self.metrics.module(mid)
             modules[mid] = {
                 "name": w.module.name,
                 "provider": w.runner.provider,
@@ -444,7 +446,9 @@ class PipelineExecutor(Executor):
                 "batch_size": w.planner.state(mid).batch_size,
                 # d_k used in eq. (3) = profiled d_k x this (1.0 unless adapt_durations)
                 "duration_scale": round(w.planner.state(mid).duration_scale, 3),
-                "invalid_rate": self.metrics.module(mid).invalid_rate,
+                "invalid_rate": module.invalid_rate,
+                "compute_s": module.compute_s,
+                "invalid_s": module.invalid_s,
             }
         return {
             "pipeline": self.config.name,
@@ -461,6 +465,16 @@ class PipelineExecutor(Executor):
             "drop_rate": summary.drop_rate,
             "invalid_rate": summary.invalid_rate,
             "drops_by_module": drops,
+            # Counters behind the rates above (tailgate_pipeline_* take rates over them).
+            "outcomes": {
+                "on_time": summary.on_time,
+                "late": summary.late,
+                "dropped": sum(drops.values()),
+                "cancelled": summary.drops_by_module.get(CANCELLED, 0),
+                "failed": summary.drops_by_module.get(FAILED, 0),
+            },
+            "compute_s": summary.compute_s,
+            "invalid_s": summary.invalid_s,
             "modules": modules,
             "scheduling": {
                 "decisions": decided,

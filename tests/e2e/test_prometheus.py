@@ -18,6 +18,7 @@ import pytest
 from tests.conftest import REPO_ROOT
 from tests.integration.conftest import Cluster
 from tests.integration.harness import free_port, start_cli
+from tests.unit.test_alert_rules import RULES, load_rules
 from tests.unit.test_grafana_dashboard import load_dashboard, panel_exprs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -52,9 +53,11 @@ def post_query(gateway_url: str, body: dict[str, Any]) -> int:
         return exc.code
 
 
-def scrape_config(jobs: dict[str, list[str]]) -> str:
-    """A prometheus.yml scraping each job's targets every second."""
-    lines = ["global:", "  scrape_interval: 1s", "  scrape_timeout: 1s", "scrape_configs:"]
+def scrape_config(jobs: dict[str, list[str]], rule_files: tuple[Path, ...] = ()) -> str:
+    """A prometheus.yml scraping each job's targets every second (and evaluating rules)."""
+    lines = ["global:", "  scrape_interval: 1s", "  scrape_timeout: 1s"]
+    lines += ["  evaluation_interval: 1s", f"rule_files: {json.dumps(list(map(str, rule_files)))}"]
+    lines += ["scrape_configs:"]
     for job, targets in jobs.items():
         lines += [
             f"  - job_name: {job}",
@@ -204,7 +207,7 @@ def test_prometheus_scrapes_gateway_task_servers_and_an_edge_agent(
         "taskserver": [f"127.0.0.1:{ports['ts-1']}", f"127.0.0.1:{ports['ts-2']}"],
         "edge-agent": [f"127.0.0.1:{ports['edge-1']}"],
     }
-    prom = prometheus(scrape_config(jobs))
+    prom = prometheus(scrape_config(jobs, (RULES,)))
 
     up = series_until(prom, "up", lambda r: len(r) == 4 and all(s["value"][1] == "1" for s in r))
     assert sorted(s["metric"]["job"] for s in up) == [
@@ -231,8 +234,41 @@ def test_prometheus_scrapes_gateway_task_servers_and_an_edge_agent(
     servers_up = series_until(prom, 'tailgate_servers{state="up"}', lambda r: len(r) == 2)
     assert {s["metric"]["pool"]: s["value"][1] for s in servers_up} == {"default": "2", "edge": "1"}
 
+    # The shipped rules evaluate on what the processes export: class B's error budget (its
+    # p99 objective from the gateway) and its burn rate are recorded (NaN here: its 20
+    # queries were all in before the first scrape), and no rule fails.
+    budget = series_until(prom, "class:tailgate_slo_error_budget:ratio", lambda r: len(r) == 3)
+    assert {s["metric"]["class"]: round(float(s["value"][1]), 6) for s in budget} == {
+        "A": 0.01,
+        "B": 0.01,
+        "C": 0.05,
+    }
+    series_until(prom, 'class:tailgate_slo_burn:rate5m{class="B"}', bool)
+    status, body = get_json(prom + "/api/v1/rules")
+    rules = [r for g in body["data"]["groups"] for r in g["rules"]]
+    assert len(rules) == len(load_rules())
+    assert [r for r in rules if r["health"] == "err"] == []
+
     # Every dashboard query is valid PromQL for this Prometheus.
     for title, exprs in panel_exprs(load_dashboard()).items():
         for expr in exprs:
-            status, body = instant(prom, expr.replace("$quantile", "0.99"))
+            status, body = instant(prom, as_promql(expr))
             assert status == 200 and body["status"] == "success", (title, expr, body)
+
+
+GRAFANA_VARIABLES = {
+    "$__rate_interval": "1m",
+    "$__range": "5m",
+    "$quantile": "0.99",
+    "$pool": ".*",
+    "$class": ".*",
+    "$job": ".*",
+}
+
+
+def as_promql(expr: str) -> str:
+    """A dashboard expression with its Grafana variables filled in as Grafana would."""
+    for name, value in GRAFANA_VARIABLES.items():
+        expr = expr.replace(name, value)
+    assert "$" not in expr, expr
+    return expr

@@ -140,12 +140,14 @@ async def test_agents_register_and_a_per_cluster_query_merges_four_agents_record
         # A week of 5-minute readings (the end bound is exclusive).
         assert len(readings) == series["count"] == 7 * 288
         assert t["result"]["agent"] == t["server"]
-    # A bad sensing parameter is the task's error, named, and the query fails at once.
+    # A sensor no agent has is the client's mistake: the agents refuse the task as invalid,
+    # and the query answers 400 naming the field, at once.
     bad = {**_week(), "sensor": "pressure"}
     status, body, _ = await query(
         http, gw, {"slo": SLO, "targets": {"pool": "edge", "all": True}, "task": bad}
     )
-    assert status == 502
+    assert status == 400
+    assert (body["error"]["code"], body["error"]["field"]) == ("invalid_task", "task.sensor")
     assert "pressure" in body["error"]["message"]
 
 

@@ -17,12 +17,13 @@ import pytest
 
 from loadtests.live import run_live
 from loadtests.sim.scenario import load_scenario
+from loadtests.sim.tailbench import TAILBENCH_DIR
 from taskserver.service_time import ServiceSpec
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-TABLE = REPO.parent / "shared" / "data" / "tailbench" / "masstree_quantiles.txt"
+TABLE = TAILBENCH_DIR / "masstree_quantiles.txt"
 
 
 def test_a_small_replay_answers_every_query_and_reports_like_the_simulator() -> None:

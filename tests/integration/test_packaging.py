@@ -41,10 +41,18 @@ def test_the_wheel_holds_subpackages_models_specs_scenarios_and_dashboard(tmp_pa
         "gateway/static/dashboard.html",
         "gateway/static/dashboard.js",
         "gateway/static/dashboard.css",
+        "gateway/static/vendor/uplot/uPlot.iife.min.js",
+        "gateway/static/vendor/uplot/uPlot.min.css",
+        "gateway/static/vendor/uplot/LICENSE",
         "onnx_models/models/object_detection.onnx",
         "onnx_models/pipelines/traffic.json",
         "onnx_models/pipelines/traffic.profile.json",
         "loadtests/scenarios/admission.toml",
+        "loadtests/sim/data/tailbench/masstree_quantiles.txt",
+        "loadtests/sim/data/tailbench/shore_quantiles.txt",
+        "loadtests/sim/data/tailbench/xapian_quantiles.txt",
+        "loadtests/sim/data/tailbench/xapian_unloaded_p99_by_fanout.txt",
+        "loadtests/sim/data/tailbench/README.md",
         "deploy/saas.toml",
     ]
     assert [n for n in expected if n not in names] == []

@@ -69,7 +69,14 @@ async def test_a_pipeline_query_returns_model_outputs_and_a_doomed_one_is_droppe
         'tailgate_pipeline_drops_total{dropper="pard",module="1",pipeline="traffic",'
         'server="gpu-1"} 1.0'
     ) in text
-    assert "tailgate_pipeline_goodput_rps{" in text and "tailgate_pipeline_invalid_rate{" in text
+    # Counters, not windowed rates: the drop is one request out, dropped.
+    assert (
+        'tailgate_pipeline_requests_total{dropper="pard",outcome="dropped",pipeline="traffic",'
+        'server="gpu-1"} 1.0'
+    ) in text
+    assert "tailgate_pipeline_compute_seconds_total{" in text
+    assert "tailgate_pipeline_batch_size_bucket{" in text
+    assert "tailgate_pipeline_goodput_rps" not in text and "tailgate_pipeline_drop_rate" not in text
 
 
 async def test_a_pipeline_split_over_two_task_servers_answers_through_the_gateway(

@@ -76,9 +76,60 @@ def test_snapshot_lists_thresholds_and_a_bounded_history() -> None:
     assert (snap["upper"], snap["lower"]) == (0.015, 0.005)
     assert (snap["min_replicas"], snap["max_replicas"]) == (1, 4)
     assert snap["decisions"] == [
-        {"time": 5.0, "ratio": 0.01, "delta": 0, "reason": "within_thresholds", "replicas": 2},
-        {"time": 6.0, "ratio": 0.02, "delta": 0, "reason": "cooldown", "replicas": 2},
+        {
+            "time": 5.0,
+            "ratio": 0.01,
+            "delta": 0,
+            "reason": "within_thresholds",
+            "replicas": 2,
+            "last_time": 5.0,
+            "repeats": 1,
+        },
+        {
+            "time": 6.0,
+            "ratio": 0.02,
+            "delta": 0,
+            "reason": "cooldown",
+            "replicas": 2,
+            "last_time": 6.0,
+            "repeats": 1,
+        },
     ]
+
+
+def test_history_counts_a_run_of_equal_holds_in_one_entry() -> None:
+    # One decision per second for a minute: the log keeps the changes, not 60 entries.
+    a = create_autoscaler(up_cooldown_s=10.0)
+    assert a.decide(0.02, 1, 0.0).delta == 1  # above_upper: a step of its own
+    for t in range(1, 10):
+        assert a.decide(0.02, 2, float(t)).reason == "cooldown"
+    for t in range(10, 40):
+        assert a.decide(0.01, 2, float(t)).reason == "within_thresholds"
+    assert a.decide(0.02, 2, 40.0).delta == 1
+    assert a.decide(0.02, 3, 41.0).reason == "cooldown"
+    got = [
+        (d["reason"], d["delta"], d["time"], d["last_time"], d["repeats"])
+        for d in a.snapshot(41.0)["decisions"]
+    ]
+    assert got == [
+        ("above_upper", 1, 0.0, 0.0, 1),
+        ("cooldown", 0, 1.0, 9.0, 9),
+        ("within_thresholds", 0, 10.0, 39.0, 30),
+        ("above_upper", 1, 40.0, 40.0, 1),
+        ("cooldown", 0, 41.0, 41.0, 1),
+    ]
+    # A repeat keeps its latest ratio; a changed replica count is a new entry.
+    a.decide(0.03, 3, 42.0)
+    assert a.snapshot(42.0)["decisions"][-1]["ratio"] == 0.03
+    a.decide(0.03, 4, 43.0)
+    assert [d["replicas"] for d in a.snapshot(43.0)["decisions"][-2:]] == [3, 4]
+
+
+def test_steps_are_never_folded_together() -> None:
+    a = create_autoscaler(up_cooldown_s=0.0, max_replicas=8)
+    for t in range(3):
+        a.decide(0.05, 1 + t, float(t))
+    assert [(d["delta"], d["repeats"]) for d in a.snapshot(3.0)["decisions"]] == [(1, 1)] * 3
 
 
 @pytest.mark.parametrize(

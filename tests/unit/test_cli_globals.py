@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
+import tomllib
 
 import pytest
 
@@ -31,8 +31,8 @@ def test_version_and_global_options_after_the_subcommand() -> None:
     after = run("config", "--config", "deploy/swayam.toml", "--log-level", "debug")
     before = run("--config", "deploy/swayam.toml", "config")
     assert after.returncode == before.returncode == 0, after.stderr
-    assert json.loads(after.stdout) == json.loads(before.stdout)
-    assert json.loads(after.stdout)["gateway"]["autoscaling"]["policy"] == "swayam"
+    assert tomllib.loads(after.stdout) == tomllib.loads(before.stdout)
+    assert tomllib.loads(after.stdout)["autoscaling"]["policy"] == "swayam"
     bad = run("--log-level", "loud", "config")
     assert bad.returncode == 2 and "invalid choice: 'LOUD'" in bad.stderr
 

@@ -247,3 +247,33 @@ def test_the_frame_bound_is_configured_on_both_sides() -> None:
     assert WireLimits.for_frames_of(4096).max_string_bytes == 4096
     with pytest.raises(ValueError, match=r"max_frame_bytes: must be 1024\.\.2\*\*30, got 10"):
         GatewayConfig(max_frame_bytes=10)
+
+
+def test_a_huge_trace_context_is_refused_by_both_walks() -> None:
+    # A submit whose Task declares a traceparent (field 8) of 2**31 - 1 bytes: thriftpy2
+    # would allocate it before reading; both walks refuse it by the frame's size, and a
+    # declared length beyond the configured string limit by that limit.
+    t = thrift()
+    task = t.Task("gw-1-q1", 0, 12.5, 99.0, 1, "A", b"{}")
+    body = Batcher.submit().encode([task])[4:]
+    assert body.endswith(b"\0\0")  # the Task's stop byte, then the args' stop byte
+    for declared in (2**31 - 1, 10**6):
+        frame = body[:-2] + _field(11, 8) + _i32(declared) + b"00-" + b"\0\0"
+        verdict = _both(frame)
+        assert verdict is not None and verdict[0] == "string_length", verdict
+        with pytest.raises(ProtocolViolation):
+            decode_message(frame, server_body_types())
+    over_limit = body[:-2] + _field(11, 9) + _i32(600) + b"k=v" * 200 + b"\0\0"
+    assert _both(over_limit) is None  # inside the frame and the limits: it decodes
+    assert _both(over_limit, WireLimits(max_string_bytes=512)) == (
+        "string_length",
+        f"length 600 at byte {len(body) - 2 + 3} exceeds the limit 512",
+    )
+    # A task that carries its trace context as the gateway sends it passes and decodes.
+    traced = t.Task(
+        "gw-1-q1", 0, 12.5, 99.0, 1, "A", b"{}", "00-" + "a" * 32 + "-" + "b" * 16 + "-01"
+    )
+    frame = Batcher.submit().encode([traced])[4:]
+    assert _both(frame) is None
+    _, _, _, args = decode_message(frame, server_body_types())
+    assert args.task.traceparent == traced.traceparent

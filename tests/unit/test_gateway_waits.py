@@ -168,6 +168,8 @@ async def test_admit_estimates_the_waits_again_after_each_deferral() -> None:
     asked: list[QueryInfo] = []
 
     class Gate:
+        controller = SimpleNamespace(overloaded=False, overloaded_since=None)
+
         def decide(self, q: QueryInfo, queue_pressure: Any) -> Decision:
             asked.append(q)
             return next(decisions)

@@ -14,11 +14,13 @@ from gateway.config import GatewayConfig
 from gateway.service import GatewayService
 from taskserver.metrics import PipelineCollector, TaskServerMetrics
 from tests.conftest import REPO_ROOT
+from tests.unit.test_pipeline_exposition import make_snapshot
 
 DASHBOARD = REPO_ROOT / "deploy" / "grafana" / "tailgate-dashboard.json"
 SOURCES = ("gateway", "admission", "taskserver", "edge_agent")
 """Packages whose source may define metric names (scanned as text, not imported)."""
-_NAME = re.compile(r"\btailgate_[a-zA-Z0-9_]+")
+_NAME = re.compile(r"(?<![\w:])tailgate_[a-zA-Z0-9_]+(?![\w:])")
+"""A metric name in PromQL (not a part of a recording rule's level:metric:operation name)."""
 _LITERAL = re.compile(r"""["'](tailgate_[a-z0-9_]+)["']""")
 
 
@@ -33,18 +35,6 @@ def _samples(family: str, kind: str) -> set[str]:
     if kind == "unknown":  # a name found in the source: whatever its type turns out to be
         return {family} | {f"{family}_{s}" for s in ("total", "bucket", "sum", "count")}
     return {family}
-
-
-def _pipeline_snapshot() -> dict[str, Any]:
-    return {
-        "pipeline": "traffic",
-        "dropper": "pard",
-        "goodput_rps": 1.0,
-        "drop_rate": 0.0,
-        "invalid_rate": 0.0,
-        "drops_by_module": {"1": 2},
-        "modules": {"1": {"name": "object_detection", "mean_batch": 1.5}},
-    }
 
 
 def _sampler_status() -> dict[str, Any]:
@@ -69,7 +59,7 @@ def exported_names() -> set[str]:
     registry, server = CollectorRegistry(), CollectorRegistry()  # one per process, as run
     GatewayService(GatewayConfig(storage_url=""), registry=registry)
     TaskServerMetrics(server, "ts-1")
-    server.register(PipelineCollector(_pipeline_snapshot, "gpu-1"))
+    server.register(PipelineCollector(make_snapshot, "gpu-1"))
     registry.register(SamplerCollector(_sampler_status, "edge-1", "lab"))
     names: set[str] = set()
     for family in [*registry.collect(), *server.collect()]:
@@ -124,27 +114,118 @@ def test_dashboard_is_an_importable_grafana_dashboard() -> None:
 def test_dashboard_covers_the_issue_panels() -> None:
     exprs = " ".join(e for es in panel_exprs(load_dashboard()).values() for e in es)
     for needed in (
-        "tailgate_task_miss_ratio",
+        'tailgate_task_miss_ratio{class=~"$class|all"}',
         "histogram_quantile(0.99, sum by (le, class) "
-        "(rate(tailgate_query_latency_seconds_bucket[1m])))",
-        "rate(tailgate_admission_rejections_total[1m])",
+        '(rate(tailgate_query_latency_seconds_bucket{class=~"$class"}[$__rate_interval])))',
+        "rate(tailgate_admission_rejections_total",
         "tailgate_server_queue_depth",
         "tailgate_taskserver_queue_depth",
         'tailgate_server_post_queuing_seconds{q="$quantile"}',
         "tailgate_servers",
         "tailgate_autoscaler_replicas",
-        "increase(tailgate_autoscaler_decisions_total[5m])",
+        "increase(tailgate_autoscaler_decisions_total",
         "tailgate_unloaded_latency_seconds",
         "tailgate_pipeline_drops_total",
-        "tailgate_pipeline_goodput_rps",
-        "tailgate_pipeline_invalid_rate",
-        "tailgate_pipeline_mean_batch",
+        'rate(tailgate_pipeline_requests_total{outcome="on_time"',
+        "rate(tailgate_pipeline_invalid_compute_seconds_total",
+        "rate(tailgate_pipeline_compute_seconds_total",
+        "rate(tailgate_pipeline_batch_size_sum",
+        "rate(tailgate_pipeline_batch_size_count",
     ):
         assert needed in exprs, needed
     miss = next(p for p in load_dashboard()["panels"] if p["title"].startswith("Task deadline"))
     steps = miss["fieldConfig"]["defaults"]["thresholds"]["steps"]
     assert [s["value"] for s in steps[1:]] == [0.005, 0.015, 0.017]
     assert miss["fieldConfig"]["defaults"]["custom"]["thresholdsStyle"]["mode"] == "line"
+
+
+_RANGE_FN = re.compile(r"\b(?:rate|irate|increase|delta|[a-z]+_over_time)\(")
+_WINDOW = re.compile(r"\[([^\]]*)\]")
+_VARIABLE = re.compile(r"\$(\w+)")
+GRAFANA_BUILTINS = {"__rate_interval", "__range", "__interval"}
+
+
+def test_every_rate_and_increase_takes_the_rate_interval() -> None:
+    """$__rate_interval fits the scrape interval and the zoom; a fixed [1m] does neither. A
+    stat tile that totals the dashboard's range may use $__range instead."""
+    checked = 0
+    for p in load_dashboard()["panels"]:
+        for t in p.get("targets", ()):
+            expr = t["expr"]
+            windows = _WINDOW.findall(expr)
+            assert len(windows) == len(_RANGE_FN.findall(expr)), (p["title"], expr)
+            allowed = {"$__rate_interval", "$__range"} if p["type"] == "stat" else set()
+            for window in windows:
+                assert window in allowed | {"$__rate_interval"}, (p["title"], expr)
+                checked += 1
+    assert checked >= 25
+
+
+def test_pool_class_and_job_variables_exist_and_panels_use_them() -> None:
+    dash = load_dashboard()
+    variables = {v["name"]: v for v in dash["templating"]["list"]}
+    exprs = [e for es in panel_exprs(dash).values() for e in es]
+    for name, source in (
+        ("pool", "tailgate_servers"),
+        ("class", "tailgate_queries_total"),
+        ("job", "up"),
+    ):
+        v = variables[name]
+        assert v["type"] == "query" and v["datasource"] == {
+            "type": "prometheus",
+            "uid": "${datasource}",
+        }
+        assert v["query"]["query"] == f"label_values({source}, {name})"
+        assert v["multi"] and v["includeAll"] and v["allValue"] == ".*"
+        users = [e for e in exprs if f'{name}=~"${name}' in e]
+        assert len(users) >= 3, f"${name} filters only {users}"
+    used = {m for e in exprs for m in _VARIABLE.findall(e)}
+    assert used - GRAFANA_BUILTINS <= set(variables), used - GRAFANA_BUILTINS - set(variables)
+
+
+def _panel(title: str) -> dict[str, Any]:
+    return next(p for p in load_dashboard()["panels"] if p["title"] == title)
+
+
+def test_the_latency_panel_draws_each_class_slo_as_a_dashed_line() -> None:
+    panel = _panel("Query p99 latency per class")
+    slo = [t for t in panel["targets"] if "tailgate_class_slo_latency_seconds" in t["expr"]]
+    assert len(slo) == 1 and slo[0]["legendFormat"] == "{{class}} SLO"
+    (override,) = panel["fieldConfig"]["overrides"]
+    assert override["matcher"] == {"id": "byFrameRefID", "options": slo[0]["refId"]}
+    style = {p["id"]: p["value"] for p in override["properties"]}
+    assert style["custom.lineStyle"]["fill"] == "dash"
+    assert panel["fieldConfig"]["defaults"]["unit"] == "s"
+
+
+def test_stat_tiles_show_the_service_level_at_a_glance() -> None:
+    stats = {
+        p["title"]: " ".join(t["expr"] for t in p["targets"])
+        for p in load_dashboard()["panels"]
+        if p["type"] == "stat"
+    }
+    assert set(stats) == {
+        "SLO attainment per class",
+        "Error budget left per class",
+        "Queries/s",
+        "Servers up",
+        "Admission state",
+    }
+    assert 'outcome="met"' in stats["SLO attainment per class"]
+    assert "tailgate_class_slo_objective_ratio" in stats["Error budget left per class"]
+    assert "rate(tailgate_queries_total" in stats["Queries/s"]
+    assert 'tailgate_servers{state="up"' in stats["Servers up"]
+    assert "tailgate_admission_rejections_total" in stats["Admission state"]
+    # The SLO tiles count good and bad as the alert rules do: rejected and invalid
+    # queries are out.
+    for title in ("SLO attainment per class", "Error budget left per class"):
+        assert 'outcome!~"rejected|invalid"' in stats[title], title
+
+
+def test_no_panel_reads_a_removed_pipeline_gauge() -> None:
+    exprs = " ".join(e for es in panel_exprs(load_dashboard()).values() for e in es)
+    for gone in ("goodput_rps", "drop_rate", "invalid_rate", "mean_batch", "module_invalid_rate"):
+        assert f"tailgate_pipeline_{gone}" not in exprs
 
 
 def test_every_metric_a_panel_queries_is_exported() -> None:

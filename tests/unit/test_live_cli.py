@@ -10,10 +10,11 @@ import pytest
 import loadtests.live as live
 from loadtests.live import LiveMaxLoad, _pool_tasks
 from loadtests.sim.scenario import load_scenario
+from loadtests.sim.tailbench import TAILBENCH_DIR
 
 REPO = Path(__file__).resolve().parents[2]
 SCENARIO = str(REPO / "loadtests" / "scenarios" / "least-wait.toml")
-TABLE = str(REPO.parent / "shared" / "data" / "tailbench" / "masstree_quantiles.txt")
+TABLE = str(TAILBENCH_DIR / "masstree_quantiles.txt")
 
 
 class _FakeRun:

@@ -18,11 +18,12 @@ from loadtests.live_plan import (
     server_ids,
 )
 from loadtests.sim.scenario import load_scenario
+from loadtests.sim.tailbench import TAILBENCH_DIR
 from loadtests.sim.workload import make_workload
 from taskserver.service_time import ServiceSpec
 
 REPO = Path(__file__).resolve().parents[2]
-SHARED = REPO.parent / "shared" / "data" / "tailbench"
+SHARED = TAILBENCH_DIR
 
 
 def _scenario(name: str = "fixed-fanout-two-classes", **run):  # Masstree's table

@@ -13,8 +13,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from prometheus_client import CollectorRegistry
 
 from taskserver.executors import TaskDropped
+from taskserver.metrics import PipelineCollector
 from taskserver.pipeline import (
     FULL_REGION,
     BadPayload,
@@ -233,6 +235,7 @@ async def test_a_burst_is_served_in_batches_of_feasible_sizes(executors):
     snap = ex.snapshot()
     assert snap["modules"]["1"]["batch_sizes"] == {"1": 2, "4": 1, "8": 1}
     assert snap["on_time"] == 14 and snap["drop_rate"] == 0.0
+    assert snap["outcomes"] == {"on_time": 14, "late": 0, "dropped": 0, "cancelled": 0, "failed": 0}
 
 
 async def test_a_doomed_request_is_dropped_at_the_first_module_not_the_last(executors):
@@ -259,7 +262,20 @@ async def test_the_reactive_ablation_drops_the_same_request_later(executors):
         await ex.execute(payload(image_seed=1, budget_ms=148))
     assert caught.value.module_id == "3"  # PARD-back only sees L_pre + L_cur: 100 + 50 > 148
     assert len(ex.batches("1")) == len(ex.batches("2")) == 1  # wasted compute
-    assert ex.snapshot()["invalid_rate"] == 1.0
+    snap = ex.snapshot()
+    assert snap["invalid_rate"] == 1.0 and snap["outcomes"]["dropped"] == 1
+    # The counters behind the rate, as /metrics exports them: all of it invalid.
+    registry = CollectorRegistry()
+    registry.register(PipelineCollector(ex.snapshot, "gpu-1"))
+    labels = {"server": "gpu-1", "pipeline": snap["pipeline"], "dropper": "back"}
+
+    def counter(name: str) -> list[float | None]:
+        return [registry.get_sample_value(name, {**labels, "module": m}) for m in "123"]
+
+    compute = counter("tailgate_pipeline_compute_seconds_total")
+    assert counter("tailgate_pipeline_invalid_compute_seconds_total") == compute
+    assert compute[0] and compute[1] and compute[2] == 0.0  # module 3 never ran it
+    assert sum(compute) == pytest.approx(snap["compute_s"]) == snap["invalid_s"]
 
 
 async def test_cancelling_removes_the_request_from_the_queue_and_the_open_batch(executors):

@@ -283,22 +283,25 @@ def test_add_parser_registers_profile_under_a_parent_cli() -> None:
     assert callable(args.func)
 
 
-def test_profile_command_prints_the_table_and_writes_beside_the_spec(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_profile_command_prints_the_table_and_writes_into_the_working_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A copy of the shipped spec whose models are given by absolute path.
     doc = json.loads(pipeline_path("dag").read_text())
     for m in doc["modules"]:
         m["model"] = str((pipeline_path("dag").parent / m["model"]).resolve())
     (tmp_path / "mine.json").write_text(json.dumps(doc))
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
     argv = ["profile", str(tmp_path / "mine.json"), "--batch-sizes", "1,2"]
     assert main([*argv, "--warmup", "0", "--repeats", "2", "--threads", "1"]) == 0
     out = capsys.readouterr().out
     assert "dag: CPUExecutionProvider on" in out
     assert "person_detection (1)" in out and "expression_recognition (4)" in out
     assert "gain = throughput(b)/throughput(1)" in out
-    written = tmp_path / "dag.profile.json"
+    written = tmp_path / "work" / "dag.profile.json"
     assert f"wrote {written}" in out
+    assert not (tmp_path / "dag.profile.json").exists()  # not beside the spec
     profile = load_profile(written, spec=load_pipeline(tmp_path / "mine.json"))
     assert profile.module(2).batch_sizes == (1, 2)
 

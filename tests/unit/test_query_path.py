@@ -55,6 +55,7 @@ class FakeLink:
         self.policy: QueuePolicy = kw.get("policy", QueuePolicy.TF_EDFQ)
         self.tasks_sent = 0
         self.results = 0
+        self.executor: str | None = None
         self.up = True
         self.sent: list[PendingTask] = []
         self.cancelled: list[str] = []
@@ -65,6 +66,7 @@ class FakeLink:
     owned_elsewhere = property(lambda self: None)
     one_way_ms = property(lambda self: 0.0)
     rtt_ms = property(lambda self: None)
+    silent_s = property(lambda self: 0.0)
 
     def start(self) -> None:
         pass

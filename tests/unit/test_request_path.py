@@ -176,7 +176,7 @@ def test_the_document_publishes_the_bodies_and_answers() -> None:
     for name in ("MultiQueryRequest", "Stage", "RequestAnswer", "StageAnswer"):
         jsonschema.Draft202012Validator.check_schema(schemas[name])
     responses = DOC["paths"]["/v1/requests"]["post"]["responses"]
-    assert set(responses) == {"200", "400", "413", "422", "502", "503", "504"}
+    assert set(responses) == {"200", "400", "413", "415", "422", "500", "502", "503", "504"}
 
 
 # -- the stages' SLOs ---------------------------------------------------------------------
@@ -234,7 +234,9 @@ class FakeQueries:
             raise SloUnreachableError("below", extra={"unloaded_latency_ms": u})
         return DeadlinePlan(req.percentile, req.slo_ms, u, req.slo_ms - u, "empirical", len(links))
 
-    async def run_query(self, req: QueryRequest, t0: float | None = None) -> QueryAnswer:
+    async def run_query(
+        self, req: QueryRequest, t0: float | None = None, caller: Any = None
+    ) -> QueryAnswer:
         assert t0 == self.clock()
         if len(self.ran) in self.refusals:
             raise self.refusals[len(self.ran)]

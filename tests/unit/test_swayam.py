@@ -243,7 +243,26 @@ def test_policy_never_scales_in_but_shrinks_the_in_use_prefix_at_most_once_per_i
     assert s.in_use == 4
     s.decide(3.0, active=16)
     assert s.in_use == 1
-    assert [d["in_use"] for d in s.snapshot(3.0)["decisions"]] == [16, 1, 4, 4, 1]
+    # Each of these decisions differs from the one before (required or in use moved).
+    decisions = s.snapshot(3.0)["decisions"]
+    assert [d["in_use"] for d in decisions] == [16, 1, 4, 4, 1]
+    assert [d["required"] for d in decisions] == [16, 1, 4, 1, 1]
+
+
+def test_the_decision_history_counts_a_run_of_equal_decisions_once() -> None:
+    # A steady rate decided on every second: one entry, not one per decision.
+    s = create_policy(min_points=100)
+    for t in range(10):
+        s.observe(float(t), 500.0, [10.0])
+        s.decide(float(t), active=16)
+    s.observe(10.0, 5000.0, [10.0])  # a burst: n_B grows, a decision of its own
+    s.decide(10.0, active=16)
+    got = [
+        (d["reason"], d["required"], d["time"], d["last_time"], d["repeats"])
+        for d in s.snapshot(10.0)["decisions"]
+    ]
+    assert got[0] == ("sufficient", 16, 0.0, 9.0, 10)
+    assert len(got) == 2 and got[1][2:] == (10.0, 10.0, 1) and got[1][1] > 16
 
 
 def test_policy_without_data_holds_min_backends() -> None:

@@ -104,6 +104,8 @@ def test_positional_construction_matches_the_idl_field_order() -> None:
         "priority",
         "class_name",
         "payload",
+        "traceparent",
+        "tracestate",
     ]
     assert names(t.TaskResult) == [
         "query_id",
@@ -116,3 +118,48 @@ def test_positional_construction_matches_the_idl_field_order() -> None:
         "result",
         "error",
     ]
+
+
+def _idl_without_trace_context(tmp_path: Any) -> Any:
+    """The IDL as it was before the Task's trace-context fields: what an older peer speaks."""
+    import re
+
+    import thriftpy2
+
+    from taskserver.wire import IDL_PATH
+
+    text = IDL_PATH.read_text()
+    old = re.sub(r"\n  [89]: optional string trace(parent|state),", "", text)
+    task_struct = old.split("struct Task {")[1].split("}")[0]
+    assert old != text and "optional string trace" not in task_struct
+    path = tmp_path / "tailgate_before_tracing.thrift"
+    path.write_text(old)
+    return thriftpy2.load(str(path), module_name="tailgate_before_tracing_thrift")
+
+
+def _decoded_task(module: Any, frame: bytes) -> Any:
+    got: list[Any] = []
+    types = {("submit", ONEWAY): module.TaskServer.submit_args}
+    conn = ThriftConnection(types, lambda n, m, s, b: got.append(b.task))
+    conn.connection_made(FakeTransport())  # type: ignore[arg-type]
+    conn.data_received(frame)
+    assert len(got) == 1
+    return got[0]
+
+
+def test_trace_context_and_older_peers_decode_each_other(tmp_path: Any) -> None:
+    old, new = _idl_without_trace_context(tmp_path), thrift()
+    traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    traced = new.Task("q", 3, 5.0, 50.0, 1, "A", b"{}", traceparent, "rojo=1")
+    frame = encode_message("submit", ONEWAY, 0, new.TaskServer.submit_args(task=traced))
+    # An older task server skips the fields it does not know and reads the task as before.
+    seen_old = _decoded_task(old, frame)
+    assert (seen_old.query_id, seen_old.task_index, seen_old.payload) == ("q", 3, b"{}")
+    assert not hasattr(seen_old, "traceparent")
+    # This side reads them back; a task from an older gateway simply has none.
+    seen_new = _decoded_task(new, frame)
+    assert (seen_new.traceparent, seen_new.tracestate) == (traceparent, "rojo=1")
+    plain = old.Task("q", 4, 5.0, 50.0, 1, "A", b"{}")
+    frame = encode_message("submit", ONEWAY, 0, old.TaskServer.submit_args(task=plain))
+    seen = _decoded_task(new, frame)
+    assert seen.task_index == 4 and seen.traceparent is None and seen.tracestate is None
