@@ -303,6 +303,9 @@ def _pipeline_only_options(args: argparse.Namespace) -> list[str]:
         ("--providers", "providers", "auto"),
         ("--modules", "modules", None),
         ("--peer", "peer", None),
+        ("--workers", "workers", "1"),
+        ("--max-workers", "max_workers", None),
+        ("--cold-start-s", "cold_start_s", None),
     )
     return [flag for flag, attr, default in defaults if getattr(args, attr) != default]
 
@@ -325,8 +328,32 @@ def _pipeline_executor(args: argparse.Namespace) -> Any:
         providers=args.providers,
         local=local,
         peers=peers,
+        workers=_pipeline_workers(args),
     )
     return PipelineExecutor(config)
+
+
+def _pipeline_workers(args: argparse.Namespace) -> Any:
+    """--workers N (fixed) or auto, with --max-workers and --cold-start-s (auto only)."""
+    from taskserver.pard import ScalingConfig
+    from taskserver.pipeline.sessions import usable_cpus
+
+    text = str(args.workers).strip().lower()
+    if text != "auto":
+        if args.max_workers is not None or args.cold_start_s is not None:
+            raise ValueError("--max-workers and --cold-start-s only apply with --workers auto")
+        if not text.isdigit() or int(text) < 1:
+            raise ValueError(f"--workers: need an int >= 1 or auto, got {args.workers!r}")
+        return int(text)
+    total = usable_cpus() if args.max_workers is None else args.max_workers
+    try:
+        return ScalingConfig(
+            max_workers=total,
+            total_workers=total,
+            cold_start_s=2.0 if args.cold_start_s is None else args.cold_start_s,
+        )
+    except ValueError as exc:
+        raise ValueError(f"--workers auto: {exc}") from exc
 
 
 def cmd_edge_agent_run(args: argparse.Namespace) -> int:
@@ -679,7 +706,7 @@ def build_parser(*, light: bool = False) -> argparse.ArgumentParser:
     p.add_argument(
         "--pipeline",
         default="traffic",
-        help="their pipeline: traffic, live, dag or a spec file (traffic)",
+        help="their pipeline: traffic, live, ga, dag or a spec file (traffic)",
     )
     p.add_argument("--port", type=int, default=8080, help="gateway HTTP port (8080)")
     p.add_argument("--host", default="127.0.0.1", help="gateway bind address (127.0.0.1)")
@@ -793,7 +820,7 @@ def build_parser(*, light: bool = False) -> argparse.ArgumentParser:
     _add_service_args(p)
     g = p.add_argument_group("inference pipeline (instead of the emulated executor)")
     g.add_argument(
-        "--pipeline", help="pipeline spec: a shipped name (traffic, live, dag) or a file"
+        "--pipeline", help="pipeline spec: a shipped name (traffic, live, ga, dag) or a file"
     )
     g.add_argument("--profile", help="its profile file (default: beside the spec)")
     g.add_argument(
@@ -815,6 +842,26 @@ def build_parser(*, light: bool = False) -> argparse.ArgumentParser:
         action="append",
         metavar="MODULE=HOST:PORT",
         help="the task server that runs a later stage, entered at MODULE (repeat per module)",
+    )
+    g.add_argument(
+        "--workers",
+        default="1",
+        metavar="N|auto",
+        help="workers (model sessions, each with its own thread) per module: N, or auto to "
+        "follow each module's request rate at run time (PARD §5.1) (1)",
+    )
+    g.add_argument(
+        "--max-workers",
+        type=int,
+        metavar="N",
+        help="with --workers auto: most workers over all modules (default: usable CPU cores)",
+    )
+    g.add_argument(
+        "--cold-start-s",
+        type=float,
+        metavar="S",
+        help="with --workers auto: a new worker serves this long after it is started, at "
+        "the earliest (2.0)",
     )
     p.set_defaults(func=cmd_taskserver)
 

@@ -93,7 +93,7 @@ class UpOptions:
     pipeline_servers: int = 0
     """Task servers running an ONNX inference pipeline, in pool "pipeline"."""
     pipeline: str = "traffic"
-    """Their pipeline: a shipped name (traffic, live, dag) or a spec file."""
+    """Their pipeline: a shipped name (traffic, live, ga, dag) or a spec file."""
 
     def validate(self) -> None:
         """Raise ValueError naming the bad option."""

@@ -4,7 +4,8 @@ Every model has one float32 input named ``image`` (NCHW, dynamic batch axis ``ba
 one float32 output whose shape is documented here; `models.py` holds the PyTorch
 definitions and `export.py` writes them to ``onnx_models/models/<name>.onnx``. Pipelines
 (``onnx_models/pipelines/*.json``) refer to these files; a model shared by several
-pipelines (face recognition) is one file.
+pipelines (face recognition) is one file. The game-analysis pipeline has its own detector
+(`game_object_detection`): game frames and classes are not the traffic detector's.
 """
 
 from __future__ import annotations
@@ -107,6 +108,49 @@ _CARDS = (
         output_name="keypoints",
         output_shape=(17, 3),
         seed=107,
+    ),
+    ModelCard(
+        name="game_object_detection",
+        task="players and objects on a 192x320 game frame: 6x10 grid x 3 anchors, rows "
+        "(cx, cy, w, h, objectness, 4 class logits: player, weapon, vehicle, supply)",
+        input_shape=(3, 192, 320),
+        output_name="detections",
+        output_shape=(180, 9),
+        seed=108,
+    ),
+    ModelCard(
+        name="kill_count_detection",
+        task="kill counter of a 32x96 grey HUD crop: log-probabilities of 3 digit places "
+        "(hundreds, tens, units) over 11 symbols (blank, 0-9)",
+        input_shape=(1, 32, 96),
+        output_name="log_probs",
+        output_shape=(3, 11),
+        seed=109,
+    ),
+    ModelCard(
+        name="alive_player_recognition",
+        task="squad panel of 64x128: logits of (alive, knocked, eliminated) for each of "
+        "4 player rows",
+        input_shape=(3, 64, 128),
+        output_name="logits",
+        output_shape=(4, 3),
+        seed=110,
+    ),
+    ModelCard(
+        name="health_value_recognition",
+        task="health and shield bars of a 24x160 HUD crop: fill fractions in (0, 1)",
+        input_shape=(3, 24, 160),
+        output_name="fractions",
+        output_shape=(2,),
+        seed=111,
+    ),
+    ModelCard(
+        name="icon_recognition",
+        task="32 weapon/item class logits of a 64x64 icon (residual CNN)",
+        input_shape=(3, 64, 64),
+        output_name="logits",
+        output_shape=(32,),
+        seed=112,
     ),
 )
 

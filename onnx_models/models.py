@@ -2,10 +2,11 @@
 
 Small but real vision networks built from the ops that production models use (conv,
 batch norm, ReLU, pooling, depthwise-separable blocks, residual blocks, a bidirectional
-GRU, soft-argmax), sized so that one CPU call at batch 1 takes a few milliseconds and the
-cost grows with the batch. The weights are random but deterministic: each model is built
-after `torch.manual_seed(card.seed)`, and its batch-norm statistics are then calibrated on
-seeded random images, so activations stay in a realistic range instead of collapsing.
+GRU, soft-argmax) for the traffic, live-video and game-analysis pipelines, sized so that
+one CPU call at batch 1 takes a few milliseconds and the cost grows with the batch. The
+weights are random but deterministic: each model is built after
+`torch.manual_seed(card.seed)`, and its batch-norm statistics are then calibrated on seeded
+random images, so activations stay in a realistic range instead of collapsing.
 
 The shapes each model takes and returns are documented in `catalog.py`; `build_model`
 returns a model in eval mode that honours them.
@@ -68,37 +69,49 @@ class _Residual(nn.Module):
 
 
 class Detector(nn.Module):
-    """Single-scale anchor detector (YOLO-style head, stride 32) on a small conv backbone."""
+    """Single-scale anchor detector (YOLO-style head, stride 32) on a small conv backbone.
 
-    def __init__(self, input_size: int, num_classes: int) -> None:
+    `input_size` is the side of a square frame or its (height, width); `widths` are the
+    backbone's channel counts at strides 2, 2, 4, 8 and 16-32.
+    """
+
+    def __init__(
+        self,
+        input_size: int | tuple[int, int],
+        num_classes: int,
+        widths: tuple[int, int, int, int, int] = (16, 32, 48, 96, 128),
+    ) -> None:
         super().__init__()
         anchors = ((0.10, 0.15), (0.25, 0.35), (0.50, 0.70))  # (w, h) as image fractions
+        w1, w2, w3, w4, w5 = widths
         # Full 3x3 convolutions while the maps are large (detail), depthwise-separable
         # blocks once they are small and wide (MobileNet-style), as detectors do.
         self.backbone = nn.Sequential(
-            _conv_bn_relu(3, 16, stride=2),  # /2
-            _conv_bn_relu(16, 32),
-            _conv_bn_relu(32, 48, stride=2),  # /4
-            _conv_bn_relu(48, 48),
-            _separable(48, 96, stride=2),  # /8
-            _conv_bn_relu(96, 96),
-            _separable(96, 128, stride=2),  # /16
-            _separable(128, 128, stride=2),  # /32
+            _conv_bn_relu(3, w1, stride=2),  # /2
+            _conv_bn_relu(w1, w2),
+            _conv_bn_relu(w2, w3, stride=2),  # /4
+            _conv_bn_relu(w3, w3),
+            _separable(w3, w4, stride=2),  # /8
+            _conv_bn_relu(w4, w4),
+            _separable(w4, w5, stride=2),  # /16
+            _separable(w5, w5, stride=2),  # /32
         )
-        self.grid = input_size // 32
+        height, width = (input_size, input_size) if isinstance(input_size, int) else input_size
+        self.rows, self.cols = height // 32, width // 32
         self.columns = 5 + num_classes
-        self.head = nn.Conv2d(128, len(anchors) * self.columns, 1)
-        g, a = self.grid, len(anchors)
-        ys, xs = torch.meshgrid(torch.arange(g), torch.arange(g), indexing="ij")
-        cells = torch.stack([xs, ys], dim=-1).float().reshape(g * g, 1, 2).expand(g * g, a, 2)
-        self.register_buffer("cells", cells.reshape(g * g * a, 2).clone())
-        self.register_buffer("anchor_wh", torch.tensor(anchors).repeat(g * g, 1))
+        self.head = nn.Conv2d(w5, len(anchors) * self.columns, 1)
+        gy, gx, a = self.rows, self.cols, len(anchors)
+        ys, xs = torch.meshgrid(torch.arange(gy), torch.arange(gx), indexing="ij")
+        cells = torch.stack([xs, ys], dim=-1).float().reshape(gy * gx, 1, 2).expand(gy * gx, a, 2)
+        self.register_buffer("cells", cells.reshape(gy * gx * a, 2).clone())
+        self.register_buffer("anchor_wh", torch.tensor(anchors).repeat(gy * gx, 1))
+        self.register_buffer("grid", torch.tensor([float(gx), float(gy)]))  # cells per (x, y)
 
     def forward(self, image: torch.Tensor) -> torch.Tensor:
-        raw = self.head(self.backbone(image))  # (N, A*C, G, G)
+        raw = self.head(self.backbone(image))  # (N, A*C, GY, GX)
         n = raw.shape[0]
-        raw = raw.reshape(n, -1, self.columns, self.grid, self.grid)
-        raw = raw.permute(0, 3, 4, 1, 2).reshape(n, -1, self.columns)  # (N, G*G*A, C)
+        raw = raw.reshape(n, -1, self.columns, self.rows, self.cols)
+        raw = raw.permute(0, 3, 4, 1, 2).reshape(n, -1, self.columns)  # (N, GY*GX*A, C)
         xy = (torch.sigmoid(raw[..., 0:2]) + self.cells) / self.grid
         wh = torch.exp(raw[..., 2:4].clamp(max=4.0)) * self.anchor_wh
         objectness = torch.sigmoid(raw[..., 4:5])
@@ -226,6 +239,86 @@ class PoseEstimator(nn.Module):
         return torch.stack([x, y, confidence], dim=-1)
 
 
+class DigitReader(nn.Module):
+    """CNN over a grey HUD counter crop to per-place digit log-probabilities (kill count)."""
+
+    def __init__(self, places: int = 3, symbols: int = 11) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            _conv_bn_relu(1, 16),
+            _conv_bn_relu(16, 24),
+            nn.MaxPool2d(2),  # 16x48
+            _conv_bn_relu(24, 32),
+            _conv_bn_relu(32, 48),
+            nn.MaxPool2d(2),  # 8x24
+            _conv_bn_relu(48, 64),
+            nn.AdaptiveAvgPool2d((1, places)),  # one column per digit place
+        )
+        self.classify = nn.Conv2d(64, symbols, 1)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        logits = self.classify(self.features(image)).squeeze(2).permute(0, 2, 1)  # (N, P, S)
+        return F.log_softmax(logits, dim=-1)
+
+
+class SquadStatusClassifier(nn.Module):
+    """CNN over the squad panel to (alive, knocked, eliminated) logits per player row."""
+
+    def __init__(self, players: int = 4, states: int = 3) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            _conv_bn_relu(3, 16),
+            _conv_bn_relu(16, 32),
+            nn.MaxPool2d(2),  # 32x64
+            _Residual(32, 48, stride=2),  # 16x32
+            nn.AdaptiveAvgPool2d((players, 1)),  # one row per player, stacked top to bottom
+        )
+        self.classify = nn.Conv2d(48, states, 1)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        return self.classify(self.features(image)).squeeze(3).permute(0, 2, 1)  # (N, P, S)
+
+
+class BarGauge(nn.Module):
+    """CNN over a wide HUD bar crop to fill fractions in (0, 1) (health and shield)."""
+
+    def __init__(self, gauges: int = 2) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            _conv_bn_relu(3, 16),
+            _conv_bn_relu(16, 24),
+            nn.MaxPool2d(2),  # 12x80
+            _conv_bn_relu(24, 32),
+            nn.MaxPool2d(2),  # 6x40
+            _conv_bn_relu(32, 48),
+            nn.AdaptiveAvgPool2d((1, 8)),  # the bar read in 8 segments from left to right
+            nn.Flatten(),
+        )
+        self.regress = nn.Sequential(nn.Linear(48 * 8, 32), nn.ReLU(inplace=True))
+        self.fill = nn.Linear(32, gauges)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.fill(self.regress(self.features(image))))
+
+
+class IconClassifier(nn.Module):
+    """Residual CNN over an item icon to class logits (weapons, items)."""
+
+    def __init__(self, classes: int = 32) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            _conv_bn_relu(3, 16),
+            _Residual(16, 32, stride=2),  # 32x32
+            _Residual(32, 48, stride=2),  # 16x16
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+        )
+        self.classify = nn.Linear(48, classes)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        return self.classify(self.features(image))
+
+
 _FACTORIES: dict[str, Callable[[], nn.Module]] = {
     "object_detection": lambda: Detector(224, num_classes=4),
     "person_detection": lambda: Detector(192, num_classes=0),
@@ -234,6 +327,11 @@ _FACTORIES: dict[str, Callable[[], nn.Module]] = {
     "expression_recognition": ExpressionClassifier,
     "eye_tracking": GazeEstimator,
     "pose_recognition": PoseEstimator,
+    "game_object_detection": lambda: Detector((192, 320), 4, widths=(16, 24, 32, 48, 64)),
+    "kill_count_detection": DigitReader,
+    "alive_player_recognition": SquadStatusClassifier,
+    "health_value_recognition": BarGauge,
+    "icon_recognition": IconClassifier,
 }
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from onnx_models.profile import default_profile_path, load_profile
 from onnx_models.spec import load_pipeline, pipeline_path
+from taskserver.pard import ScalingConfig
 from taskserver.pipeline import PipelineConfig
 
 __all__ = ["pipeline_config"]
@@ -25,11 +26,13 @@ def pipeline_config(
     providers: str = "auto",
     local: tuple[str, ...] = (),
     peers: dict[str, str] | None = None,
+    workers: int | ScalingConfig = 1,
 ) -> PipelineConfig:
     """The PipelineConfig of a spec (a shipped name such as "traffic", or a file path).
 
     The profile defaults to the one written next to the spec by `tailgate profile`. `local`
-    and `peers` make it one stage of a pipeline split across task servers.
+    and `peers` make it one stage of a pipeline split across task servers; `workers` is a
+    fixed count per module or the settings of run-time scaling.
     Raises PipelineSpecError / ProfileError / PipelineConfigError (all ValueErrors) naming
     the file and field that is wrong.
     """
@@ -44,4 +47,5 @@ def pipeline_config(
         providers=providers,
         local=local,
         peers=peers or {},
+        workers=workers,
     )

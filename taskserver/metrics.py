@@ -266,6 +266,17 @@ class PipelineCollector(Collector):
             "Measured / profiled batch time the module's d_k follows (1: the profile's).",
             labels=per_module,
         )
+        workers = GaugeMetricFamily(
+            "tailgate_pipeline_module_workers",
+            "Workers (model sessions, each with its own thread) of a module: ready ones "
+            "serving, starting ones still loading or in their cold start.",
+            labels=[*per_module, "state"],
+        )
+        scaling = CounterMetricFamily(
+            "tailgate_pipeline_scaling_actions",
+            "Workers the run-time scaler started and stopped at a module.",
+            labels=[*per_module, "action"],
+        )
         for module, m in sorted(snap["modules"].items()):
             key = [*labels, str(module)]
             compute.add_metric(key, float(m["compute_s"]))
@@ -278,7 +289,14 @@ class PipelineCollector(Collector):
             batch.add_metric(key, buckets, float(sum(s * n for s, n in sizes.items())))
             if "duration_scale" in m:
                 scale.add_metric(key, float(m["duration_scale"]))
+            if "workers" in m:
+                workers.add_metric([*key, "ready"], float(m["workers"]))
+                workers.add_metric([*key, "starting"], float(m.get("workers_starting", 0)))
+            for action, n in sorted(m.get("scaling_actions", {}).items()):
+                scaling.add_metric([*key, action], float(n))
         yield compute
         yield invalid
         yield batch
         yield scale
+        yield workers
+        yield scaling

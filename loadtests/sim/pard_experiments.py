@@ -1,4 +1,4 @@
-"""PARD experiments on the shipped pipelines: ``pard-traffic``, ``pard-live`` and ``pard-dag``.
+"""PARD experiments on the shipped pipelines: ``pard-traffic``, ``-live``, ``-ga``, ``-dag``.
 
 Each runs one pipeline (``onnx_models/pipelines/NAME.json`` with its offline profile
 ``NAME.profile.json``) through the periodic, bursty and spiky traces (`loadtests.sim.traces`)
@@ -31,15 +31,30 @@ from typing import Any
 import numpy as np
 
 from loadtests.sim.experiments import Experiment, Settings, _tick
-from loadtests.sim.pard_report import PardReport
+from loadtests.sim.pard_report import PardReport, goodput_over
 from loadtests.sim.pard_runs import RunDigest, Setup
 from loadtests.sim.pipeline import simulate_pipeline
 from loadtests.sim.pipeline_model import PipelineModel, nexus_batch_sizes
 from loadtests.sim.progress import format_duration
-from loadtests.sim.traces import MIN_DURATION_S, make_trace
+from loadtests.sim.traces import MIN_DURATION_S, make_trace, overload_periods
+from taskserver.pard import ScalingConfig
 
 POLICIES = ("none", "nexus", "clipper++", "pard")
-ABLATIONS = ("back", "sf", "lower", "upper", "fcfs", "hbf-only", "lbf-only", "instant-switch")
+ABLATIONS = (
+    "back",
+    "sf",
+    "oc",
+    "split",
+    "wcl",
+    "lower",
+    "upper",
+    "fcfs",
+    "hbf-only",
+    "lbf-only",
+    "instant-switch",
+)
+"""PARD Table 1's ten ablations in its order (names: `pard_report.ABLATION_TITLES`), then
+instant-switch, which Table 1 does not list (§4.3's delayed transition turned off)."""
 LOAD = 0.9
 """Mean rate as a share of the pipeline's capacity."""
 TRACE_SEED = 1
@@ -69,8 +84,11 @@ def load_model(spec_path: Path, profile_path: Path) -> PipelineModel:
     return PipelineModel.from_spec(spec, profile)
 
 
-def plan_setup(spec_path: Path, profile_path: Path, requests: int) -> Setup:
-    """Batch sizes, workers, rate and SLO of one pipeline by the rules of the module docstring."""
+def plan_setup(
+    spec_path: Path, profile_path: Path, requests: int, *, scaling: ScalingConfig | None = None
+) -> Setup:
+    """Batch sizes, workers, rate and SLO of one pipeline by the rules of the module docstring;
+    with `scaling`, the workers follow the rate at run time from there (PARD §5.1)."""
     model = load_model(spec_path, profile_path)
     floor_s = 2.0 * max(
         sum(2.0 * model.duration_s(m, model.batch_sizes[m][0]) for m in path)
@@ -102,6 +120,7 @@ def plan_setup(spec_path: Path, profile_path: Path, requests: int) -> Setup:
         load=LOAD,
         rate_rps=rate,
         duration_s=max(MIN_DURATION_S, requests / rate),
+        scaling=scaling,
     )
 
 
@@ -119,7 +138,8 @@ def _run(job: int, setup: Setup, trace_name: str, policy: str) -> RunDigest:
     for p in run.timeline:  # goodput window 1 s: on-time completions in (t - 1, t]
         if 1 <= round(p.time_s) <= len(good):
             good[round(p.time_s) - 1] = p.goodput_rps
-    over = offered > setup.capacity_rps
+    periods = overload_periods(trace, setup.capacity_rps)  # the periods that require dropping
+    timeline = [(t + 1.0, float(offered[t]), float(good[t])) for t in range(len(good))]
     sizes: dict[str, list[int]] = {m: [] for m in model.modules}
     for b in run.batches:
         sizes[b.module_id].append(b.size)
@@ -132,8 +152,8 @@ def _run(job: int, setup: Setup, trace_name: str, policy: str) -> RunDigest:
         late=s.late,
         dropped=s.dropped,
         goodput_rps=s.on_time / trace.duration_s,
-        goodput_overload_rps=float(good[over].mean()) if over.any() else math.nan,
-        overload_s=int(over.sum()),
+        goodput_overload_rps=goodput_over(timeline, periods),
+        overload_s=round(sum(p.duration_s for p in periods)),
         drop_rate=s.drop_rate,
         invalid_rate=s.invalid_rate,
         trace_cv=trace.cv(),
@@ -143,7 +163,8 @@ def _run(job: int, setup: Setup, trace_name: str, policy: str) -> RunDigest:
         mean_batch={m: float(np.mean(v)) if v else 0.0 for m, v in sizes.items()},
         compute_s={m: x.compute_s for m, x in mods.items()},
         invalid_s={m: x.invalid_s for m, x in mods.items()},
-        timeline=[(t + 1.0, float(offered[t]), float(good[t])) for t in range(len(good))],
+        timeline=timeline,
+        overload_periods=periods,
     )
 
 
@@ -237,6 +258,6 @@ EXPERIMENTS = tuple(
         pipeline=pipeline,
         searches_max_load=False,
     )
-    for pipeline in ("traffic", "live", "dag")
+    for pipeline in ("traffic", "live", "ga", "dag")
 )
 """PARD §5's comparisons on the shipped pipelines."""

@@ -1,8 +1,9 @@
 """The files of a PARD pipeline experiment: CSV tables, PNG plots and markdown sections.
 
 Takes the runs of `loadtests.sim.pard_experiments` (one RunDigest per trace and policy) and
-decides only how to show them: goodput over time per policy, drop and invalid rates, where
-requests were dropped, and the ablations.
+decides only how to show them: goodput over time per policy, over the whole run and over the
+periods that require dropping (PARD §5.1), drop and invalid rates, where requests were
+dropped, and the ablations of Table 1.
 """
 
 from __future__ import annotations
@@ -15,16 +16,31 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from loadtests.sim.output import md_table, write_csv
-from loadtests.sim.traces import TRACE_CVS
+from loadtests.sim.traces import TRACE_SHAPES, Period
 
 if TYPE_CHECKING:
     from loadtests.sim.pard_runs import RunDigest, Setup
     from loadtests.sim.pipeline_model import PipelineModel
 
-__all__ = ["PardReport"]
+__all__ = ["ABLATION_TITLES", "PardReport", "goodput_over"]
 
 TITLES = {"none": "no dropping", "nexus": "Nexus", "clipper++": "Clipper++", "pard": "PARD"}
+ABLATION_TITLES: dict[str, tuple[str, str]] = {
+    "back": ("PARD-back", "considers preceding modules only"),
+    "sf": ("PARD-sf", "ignores Q, W of subsequent modules"),
+    "oc": ("PARD-oc", "overload control based on Q"),
+    "split": ("PARD-split", "fixed per-module SLO split"),
+    "wcl": ("PARD-WCL", "split latency budget dynamically"),
+    "lower": ("PARD-lower", "assumes batch wait as 0"),
+    "upper": ("PARD-upper", "assumes batch wait as sum d_i"),
+    "fcfs": ("PARD-FCFS", "drops by arrival order"),
+    "hbf-only": ("PARD-HBF", "High-Budget-First only"),
+    "lbf-only": ("PARD-LBF", "Low-Budget-First only"),
+    "instant-switch": ("(not in Table 1)", "HBF/LBF switched at mu = 1, no delayed transition"),
+}
+"""Each ablation's name in PARD Table 1 and its key characteristic there."""
 _PER_MODULE = ("drops", "batches", "mean_batch", "compute_s", "invalid_s")
+_NOT_IN_SUMMARY = (*_PER_MODULE, "timeline", "overload_periods")
 
 
 def _title(policy: str) -> str:
@@ -35,8 +51,32 @@ def _pct(x: float) -> str:
     return "n/a" if math.isnan(x) else f"{x:.1%}"
 
 
+def _rate(x: float) -> str:
+    return "n/a" if math.isnan(x) else f"{x:.1f}"
+
+
 def _write_rows(path: Path, rows: Sequence[dict[str, Any]]) -> None:
     write_csv(path, list(rows[0]) if rows else [], [list(r.values()) for r in rows])
+
+
+def goodput_over(
+    timeline: Sequence[tuple[float, float, float]], periods: Sequence[Period]
+) -> float:
+    """Mean on-time completions per second over the seconds inside `periods` (NaN: none).
+
+    `timeline` holds (end of second, offered, on-time) per whole second, as RunDigest keeps it;
+    the second ending at t counts when [t - 1, t) lies inside a period.
+    """
+    inside = [
+        good
+        for end, _, good in timeline
+        if any(p.start_s <= end - 1.0 + 1e-9 and end <= p.end_s + 1e-9 for p in periods)
+    ]
+    return sum(inside) / len(inside) if inside else math.nan
+
+
+def _periods_text(periods: Sequence[Period]) -> str:
+    return ", ".join(f"{p.start_s:g}-{p.end_s:g}" for p in periods) or "none"
 
 
 @dataclass(frozen=True)
@@ -82,7 +122,7 @@ class PardReport:
         mods = self.model.modules
         summary = []
         for r in self.runs:
-            row = {k: v for k, v in asdict(r).items() if k not in (*_PER_MODULE, "timeline")}
+            row = {k: v for k, v in asdict(r).items() if k not in _NOT_IN_SUMMARY}
             summary.append(row | {f"drops_{m}": r.drops[m] for m in mods})
         _write_rows(out / "summary.csv", summary)
         timeline = [
@@ -169,13 +209,13 @@ class PardReport:
         for t in self.traces:
             r = self.by[(t, "pard")]
             peak = max(o for _, o, _ in r.timeline) / st.capacity_rps
-            traces.append([t, f"{TRACE_CVS[t]:g}", f"{r.trace_cv:.2f}", r.arrived])
-            traces[-1] += [f"{peak:.2f}", r.overload_s]
+            traces.append([t, TRACE_SHAPES.get(t, "replayed"), f"{r.trace_cv:.2f}", r.arrived])
+            traces[-1] += [f"{peak:.2f}", r.overload_s, _periods_text(r.overload_periods)]
         slo = f"{st.slo_s * 1e3:g} ms"
         if st.slo_s != st.spec_slo_s:
             slo += f" (the spec's {st.spec_slo_s * 1e3:g} ms is infeasible on this profile)"
         module_head = ["module", "name", "b_k", "d_k(b_k) ms", "req/s per worker", "workers"]
-        trace_head = ["trace", "target CV", "measured CV", "requests", "peak", "overloaded s"]
+        trace_head = ["trace", "shape", "CV", "requests", "peak", "overloaded s", "periods (s)"]
         return (
             f"## Setup\n\nPipeline `{st.pipeline}` (`{st.spec_path.name}`), profile "
             f"`{st.profile_path.name}` measured on {st.device}. SLO {slo}. b_k by Nexus's "
@@ -186,8 +226,9 @@ class PardReport:
             f"carry {cfg.duration_cv:.0%} log-normal noise (CV); state exchange every "
             f"{cfg.exchange_period_s:g} s; lambda = {cfg.wait_quantile:g}.\n\n"
             + md_table([*module_head, "capacity req/s", "load"], modules)
-            + "\n\nTraces (CV of the per-second request rate; peak: the busiest second over "
-            "the capacity; overloaded: seconds above the capacity):\n\n"
+            + "\n\nTraces (`loadtests/sim/traces.py`; CV of the per-second request rate; peak: "
+            "the busiest second over the capacity; overload periods: where the trace's offered "
+            "rate exceeds the capacity, the periods that require dropping):\n\n"
             + md_table(trace_head, traces)
         )
 
@@ -200,7 +241,7 @@ class PardReport:
                 r = self.by[(t, p)]
                 title = f"**{_title(p)}**" if p == "pard" else _title(p)
                 rows.append(
-                    [t, title, f"{r.goodput_rps:.1f}", f"{r.goodput_overload_rps:.1f}"]
+                    [t, title, f"{r.goodput_rps:.1f}", _rate(r.goodput_overload_rps)]
                     + [_pct(r.drop_rate), _pct(r.invalid_rate)]
                     + [f"{r.drop_share(m):.0%}" for m in mods]
                 )
@@ -208,20 +249,22 @@ class PardReport:
         for t in self.traces:
             for v in ("pard", *self.ablations):
                 r = self.by[(t, v)]
-                ablations.append(
-                    [t, v, f"{r.goodput_rps:.1f}", _pct(r.drop_rate), _pct(r.invalid_rate)]
-                )
+                paper = ABLATION_TITLES.get(v, ("PARD", ""))[0]
+                goodput = [f"{r.goodput_rps:.1f}", _rate(r.goodput_overload_rps)]
+                ablations.append([t, v, paper, *goodput, _pct(r.drop_rate), _pct(r.invalid_rate)])
+        legend = [[v, *ABLATION_TITLES.get(v, (v, ""))] for v in self.ablations]
+        ablation_head = ["trace", "variant", "Table 1", "goodput req/s", "in overload req/s"]
         head = ["trace", "policy", "goodput req/s", "in overload req/s", "drop rate"]
         return [
             self.setup_section(),
             "## Goodput, drop rate, invalid rate\n\nGoodput: on-time requests per second over "
-            "the trace; in overload: over the seconds whose offered rate exceeds the capacity. "
+            "the trace; in overload: over the overload periods of the setup's trace table. "
             "Drop rate counts late completions as drops (§5.1); invalid rate: compute spent on "
             "requests that were dropped or late. `drops at m`: the share of the policy's drops "
             "made at module m (names in the setup table).\n\n"
             + md_table([*head, "invalid rate", *(f"drops at {m}" for m in mods)], rows),
             "## Ablations (PARD Table 1)\n\n"
-            + md_table(
-                ["trace", "variant", "goodput req/s", "drop rate", "invalid rate"], ablations
-            ),
+            + md_table(["variant", "Table 1", "key characteristic (Table 1)"], legend)
+            + "\n\n"
+            + md_table([*ablation_head, "drop rate", "invalid rate"], ablations),
         ]

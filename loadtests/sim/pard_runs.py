@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from loadtests.sim.pipeline_model import PipelineModel, SimConfig
+from loadtests.sim.traces import Period
+from taskserver.pard import ScalingConfig
 
 __all__ = ["SIM_SEED", "RunDigest", "Setup"]
 
@@ -37,10 +39,14 @@ class Setup:
     """Mean rate over capacity."""
     rate_rps: float
     duration_s: float
+    scaling: ScalingConfig | None = None
+    """Run-time worker scaling from `workers` on (PARD §5.1); None: `workers` stay fixed."""
 
     def config(self) -> SimConfig:
         """The simulator settings of every run."""
-        return SimConfig(workers=self.workers, max_batch=self.max_batch, seed=SIM_SEED)
+        return SimConfig(
+            workers=self.workers, max_batch=self.max_batch, seed=SIM_SEED, scaling=self.scaling
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +62,7 @@ class RunDigest:
     goodput_rps: float
     """On-time requests per second of trace."""
     goodput_overload_rps: float
-    """Mean goodput over the seconds whose offered rate exceeds the capacity (NaN: none)."""
+    """Mean goodput over the overload periods (`overload_periods`; NaN: none)."""
     overload_s: int
     drop_rate: float
     invalid_rate: float
@@ -69,6 +75,8 @@ class RunDigest:
     invalid_s: dict[str, float] = field(default_factory=dict)
     timeline: list[tuple[float, float, float]] = field(default_factory=list)
     """(end of second, offered requests in it, on-time completions in it)."""
+    overload_periods: tuple[Period, ...] = ()
+    """The periods that require dropping: the trace's offered rate above the capacity."""
 
     def drop_share(self, module_id: str) -> float:
         """The share of this run's drops made at a module."""

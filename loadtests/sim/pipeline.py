@@ -22,10 +22,15 @@ HBF/LBF for PARD), and `dropper.form_batch` for every batch decision. Modelling 
   is the largest feasible size whose worst case, a full batch wait plus execution (2 d_k(b)),
   fits that share; the smallest feasible size when none does. It stands for the largest size
   of a live module's ``batch_sizes``.
-- Workers: a fixed number per module (default 1), provisioned before the run: the resource
-  scaling of PARD §5.1 reacts to the rate, and bursts are exactly when it cannot follow in
-  time (§2). A module with several workers sends each request to the one with the fewest
-  requests queued, collecting or running (first such worker on ties).
+- Workers: a fixed number per module (default 1), provisioned before the run, or, with
+  `SimConfig.scaling`, as many as the live runtime's WorkerScaler (taskserver.pard.scaling)
+  decides every ``period_s`` of virtual time from each module's arrivals and one worker's
+  profiled throughput b_k / d_k(b_k) (PARD §5.1 resource scaling). A started worker takes
+  requests only after its cold start (§2: bursts are exactly when scaling cannot follow in
+  time); a stopped one that is still starting goes at once, a serving one takes nothing new
+  and leaves once its queue, open batch and running batch are done. A module with several
+  serving workers sends each request to the one with the fewest requests queued, collecting
+  or running (first such worker on ties).
 - Durations: the profile's d_k(n) times a seeded log-normal factor of mean 1 and coefficient
   of variation `duration_cv` (default 0.05); t_e uses the profiled duration, without noise.
 - DAG: a module with several ``subs`` sends the request to each (split); one with several
@@ -48,7 +53,9 @@ than PARD, the shell does not record Q_k and W_k in the planner (no decision of 
 them); (4) the order at a batch end is collect, launch, collect again, then forward the
 finished batch, where the live worker forwards before its second collect (the next module's
 queue is another worker's, so no decision here sees the difference); (5) no model errors,
-cancellations or process boundaries.
+cancellations or process boundaries; (6) with several workers, each has its own queue and
+takes requests at their arrival (PARD §4.1's dispatcher, ④ before ⑤), where a live module
+keeps one queue and hands each batch to an idle worker.
 """
 
 from __future__ import annotations
@@ -71,8 +78,10 @@ from taskserver.pard import (
     PipelineRequest,
     PipelineSummary,
     RequestBroker,
+    ScalingDecision,
     StateExchange,
     StatePlanner,
+    WorkerScaler,
     create_dropper,
 )
 from taskserver.pipeline.worker import RECHECK_SLACK_S, feasible_target
@@ -136,6 +145,8 @@ class PipelineRun:
     modules: dict[str, ModuleSummary]
     timeline: list[TimelinePoint] = field(default_factory=list)
     wall_s: float = 0.0
+    scaling: list[ScalingDecision] = field(default_factory=list)
+    """Every decision of the worker scaler, in time order (empty with fixed workers)."""
 
     @property
     def latency_s(self) -> np.ndarray:
@@ -161,11 +172,23 @@ class _Req:
 
 
 class _Worker:
-    __slots__ = ("expected_end_s", "index", "module", "open", "queue", "running", "target")
+    __slots__ = (
+        "expected_end_s",
+        "index",
+        "module",
+        "open",
+        "queue",
+        "ready_s",
+        "retiring",
+        "running",
+        "target",
+    )
 
-    def __init__(self, module: _Module, index: int) -> None:
+    def __init__(self, module: _Module, index: int, ready_s: float = 0.0) -> None:
         self.module = module
         self.index = index
+        self.ready_s = ready_s  # takes requests from then on (the end of its cold start)
+        self.retiring = False
         self.queue = module.dropper.new_queue()
         # the batch being collected, in admission order: id -> (request, target, t_e decided at)
         self.open: dict[int, tuple[PipelineRequest, int, float]] = {}
@@ -179,14 +202,17 @@ class _Worker:
 
 class _Module:
     __slots__ = (
+        "arrived",
         "batch_items",
         "batches",
+        "counted",
         "dropper",
         "exchange",
         "id",
         "max_batch",
         "planner",
         "pres",
+        "serving",
         "sizes",
         "subs",
         "workers",
@@ -197,7 +223,10 @@ class _Module:
         self.planner = planner
         self.dropper = dropper
         self.exchange = StateExchange()
-        self.workers: list[_Worker] = []
+        self.workers: list[_Worker] = []  # every worker, starting and retiring ones too
+        self.serving: list[_Worker] = []  # those that take requests
+        self.arrived = 0  # requests delivered (the scaler's rate)
+        self.counted = 0  # of which handed to the scaler
         self.max_batch = 1
         self.sizes: tuple[int, ...] = (1,)  # feasible sizes up to b_k, ascending
         self.subs: tuple[str, ...] = ()
@@ -206,7 +235,7 @@ class _Module:
         self.batch_items = 0
 
 
-_END, _EXCHANGE, _SAMPLE = 0, 1, 2
+_END, _EXCHANGE, _SAMPLE, _SCALE, _READY = 0, 1, 2, 3, 4
 
 
 class _Sim:
@@ -221,6 +250,12 @@ class _Sim:
         self.noise = (-sigma2 / 2.0, math.sqrt(sigma2))
         self.metrics = PardMetrics(window_s=cfg.goodput_window_s)
         self.modules: dict[str, _Module] = {}
+        self.scaler: WorkerScaler | None = None
+        if cfg.scaling is not None:
+            initial = {m: cfg.workers_of(m) for m in model.modules}
+            self.scaler = WorkerScaler(cfg.scaling, model.modules, initial=initial)
+        self.scaling: list[ScalingDecision] = []
+        self.worker_ids = 0
         for m in model.modules:
             planner = StatePlanner(
                 m,
@@ -238,7 +273,10 @@ class _Sim:
             mod.sizes = (*(b for b in model.batch_sizes[m] if b < mod.max_batch), mod.max_batch)
             mod.subs = model.subs[m]
             mod.pres = max(1, len(model.pres[m]))
-            mod.workers = [_Worker(mod, i) for i in range(cfg.workers_of(m))]
+            n = cfg.workers_of(m) if self.scaler is None else self.scaler.workers(m)[0]
+            mod.workers = [_Worker(mod, i) for i in range(n)]
+            mod.serving = list(mod.workers)
+            self.worker_ids = max(self.worker_ids, n)
             self.modules[m] = mod
         self.dropper_name = self.modules[model.source].dropper.name
         self.refresh = isinstance(self.modules[model.source].dropper, RequestBroker)
@@ -261,6 +299,8 @@ class _Sim:
         arrivals, events = self.arrivals.tolist(), self.events
         self.push(self.cfg.exchange_period_s, _EXCHANGE, None)
         self.push(1.0, _SAMPLE, None)
+        if self.scaler is not None:
+            self.push(self.scaler.config.period_s, _SCALE, None)
         sinks = len(self.model.sinks)
         i, n = 0, len(arrivals)
         horizon = math.ceil(arrivals[-1]) if n else 0.0  # sample at least every trace second
@@ -274,6 +314,10 @@ class _Sim:
                     continue  # periodic events stop once every request has ended
                 elif kind == _EXCHANGE:
                     self.exchange(t)
+                elif kind == _SCALE:
+                    self.scale(t)
+                elif kind == _READY:
+                    self.ready(obj, t)
                 else:
                     self.sample(t)
             elif i < n:
@@ -296,7 +340,8 @@ class _Sim:
             req.merge_left[module_id] = left
             if left > 0:
                 return
-        workers = mod.workers
+        mod.arrived += 1
+        workers = mod.serving
         w = workers[0] if len(workers) == 1 else min(workers, key=_Worker.load)
         w.queue.push(PipelineRequest(req.index, req.sent_s + self.slo_s, self.slo_s, now, req), now)
         req.at[module_id] = w
@@ -375,6 +420,8 @@ class _Sim:
         mod = w.module
         self.metrics.batch_executed(mod.id, [r.request_id for r in batch], duration_s, now)
         self.start_batch(w, now)
+        if w.retiring and not w.load():
+            mod.workers.remove(w)  # a stopped worker leaves once it has served what it held
         for r in batch:
             req: _Req = r.item
             if req.dead:
@@ -430,6 +477,43 @@ class _Sim:
                 mod.planner.refresh()
         self.push(now + self.cfg.exchange_period_s, _EXCHANGE, None)
 
+    def scale(self, now: float) -> None:
+        """One decision of the worker scaler (the live executor's `scale`)."""
+        scaler = self.scaler
+        assert scaler is not None
+        rps = {}
+        for mod in self.modules.values():
+            scaler.record_arrivals(mod.id, mod.arrived - mod.counted, now)
+            mod.counted = mod.arrived
+            rps[mod.id] = mod.max_batch / self.model.duration_s(mod.id, mod.max_batch)
+        decision = scaler.decide(now, rps)
+        self.scaling.append(decision)
+        for part in decision.modules:
+            mod = self.modules[part.module_id]
+            for _ in range(part.start):
+                w = _Worker(mod, self.worker_ids, part.ready_at_s)
+                self.worker_ids += 1
+                mod.workers.append(w)
+                self.push(part.ready_at_s, _READY, w)
+            starting = [w for w in mod.workers if w not in mod.serving and not w.retiring]
+            for w in starting[len(starting) - part.stop_starting :] if part.stop_starting else ():
+                w.retiring = True  # still in its cold start: it holds nothing
+                mod.workers.remove(w)
+            for _ in range(part.stop - part.stop_starting):
+                if len(mod.serving) <= 1:
+                    break
+                w = min(reversed(mod.serving), key=_Worker.load)  # the newest of the least loaded
+                mod.serving.remove(w)
+                w.retiring = True
+                if not w.load():
+                    mod.workers.remove(w)
+        self.push(now + scaler.config.period_s, _SCALE, None)
+
+    def ready(self, w: _Worker, now: float) -> None:
+        """A started worker's cold start ended: it takes requests from now on."""
+        if not w.retiring:
+            w.module.serving.append(w)
+
     def sample(self, now: float) -> None:
         s = self.metrics.pipeline(self.model.name, now)
         self.timeline.append(TimelinePoint(now, s.goodput_rps, s.on_time, s.dropped, s.late))
@@ -464,4 +548,5 @@ def simulate_pipeline(
         modules={m: sim.metrics.module(m) for m in model.modules},
         timeline=sim.timeline,
         wall_s=time.perf_counter() - t0,
+        scaling=sim.scaling,
     )

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from taskserver.pard import PipelineGraph, Profile
+from taskserver.pard import PipelineGraph, Profile, ScalingConfig
 
 __all__ = ["PipelineModel", "SimConfig", "nexus_batch_sizes"]
 
@@ -100,6 +100,9 @@ class SimConfig:
 
     workers: int | Mapping[str, int] = 1
     """Workers per module: one number for all, or per module id (missing ones: 1)."""
+    scaling: ScalingConfig | None = None
+    """Scale each module's workers at run time (PARD §5.1), starting from `workers`; None:
+    `workers` stay fixed."""
     max_batch: Mapping[str, int] | None = None
     """b_k per module; None: `nexus_batch_sizes`."""
     duration_cv: float = 0.05

@@ -12,8 +12,10 @@ opens a socket or starts a task, and nothing needs numpy. Layout, one idea a fil
 - ``load``      mu, eps and HBF/LBF switching with the delayed transition (§4.3)
 - ``depq``      DoubleEndedPriorityQueue and the worker queues on it (§4.3)
 - ``broker``    RequestBroker: eq. (3) and its ablations (back, sf, lower, upper)
+- ``ablations`` PARD-oc, PARD-split, PARD-WCL: Table 1's ablations with another drop test
 - ``baselines`` none, Nexus, Clipper++ (§5.1)
 - ``factory``   create_dropper(name, planner)
+- ``scaling``   WorkerScaler: workers per module from the request rate (§5.1 resource scaling)
 - ``metrics``   goodput, drop rate, invalid rate (§5.1)
 
 Errors::
@@ -27,6 +29,12 @@ Bad settings raise ValueError naming the setting and quoting the value.
 """
 
 from taskserver.pard.abc import Dropper, Profile, RequestQueue
+from taskserver.pard.ablations import (
+    FixedSplitBroker,
+    OverloadControlBroker,
+    WorstCaseSplitBroker,
+    cumulative_share,
+)
 from taskserver.pard.baselines import ClipperPlusPlus, NexusDropper, NoDropper
 from taskserver.pard.batchwait import (
     WaitSketch,
@@ -56,6 +64,7 @@ from taskserver.pard.request import (
     PipelineRequest,
     Reason,
 )
+from taskserver.pard.scaling import ModuleScaling, ScalingConfig, ScalingDecision, WorkerScaler
 from taskserver.pard.state import ModuleState, PathEstimate, StateExchange, StatePlanner
 from taskserver.pard.window import LinearWeightedWindow
 
@@ -72,13 +81,16 @@ __all__ = [
     "DuplicateRequest",
     "Estimator",
     "FifoQueue",
+    "FixedSplitBroker",
     "LatencyEstimate",
     "LinearWeightedWindow",
     "ModuleContext",
+    "ModuleScaling",
     "ModuleState",
     "ModuleSummary",
     "NexusDropper",
     "NoDropper",
+    "OverloadControlBroker",
     "PardError",
     "PardMetrics",
     "PathEstimate",
@@ -92,13 +104,18 @@ __all__ = [
     "Reason",
     "RequestBroker",
     "RequestQueue",
+    "ScalingConfig",
+    "ScalingDecision",
     "StateExchange",
     "StatePlanner",
     "SupportsPaths",
     "UnknownModule",
     "WaitSketch",
+    "WorkerScaler",
+    "WorstCaseSplitBroker",
     "create_dropper",
     "create_queue",
+    "cumulative_share",
     "estimate_latency",
     "parse_queue_order",
     "quantile",

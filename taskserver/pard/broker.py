@@ -14,6 +14,7 @@ every downstream path and the maximum decides (§4.2).
 Ablations (Table 1 of §5.1; §5.3 is not at hand, so each follows its one-line description):
 ``back`` keeps L_pre + L_cur only; ``sf`` keeps sum d_i downstream but no Q or W; ``lower`` sets
 w_k = 0 and ``upper`` w_k = sum d_i. Queue-order ablations reuse eq. (3) with another order.
+PARD-oc, PARD-split and PARD-WCL replace the drop test itself (ablations.py).
 """
 
 from __future__ import annotations

@@ -1,8 +1,13 @@
-"""Dropping policies by name: the PARD family, its §5.3 ablations and the §5.1 baselines."""
+"""Dropping policies by name: the PARD family, its Table 1 ablations and the §5.1 baselines."""
 
 from __future__ import annotations
 
 from taskserver.pard.abc import Dropper
+from taskserver.pard.ablations import (
+    FixedSplitBroker,
+    OverloadControlBroker,
+    WorstCaseSplitBroker,
+)
 from taskserver.pard.baselines import ClipperPlusPlus, NexusDropper, NoDropper
 from taskserver.pard.broker import Estimator, RequestBroker
 from taskserver.pard.depq import QueueOrder
@@ -24,7 +29,14 @@ _PARD_FAMILY: dict[str, tuple[Estimator, QueueOrder]] = {
     "instant-switch": (Estimator.FULL, QueueOrder.INSTANT),
 }
 
-DROPPER_NAMES: tuple[str, ...] = ("none", "nexus", "clipper++", *_PARD_FAMILY)
+# name -> PARD with another drop test in place of eq. (3) (Table 1: PARD-oc, -split, -WCL)
+_REPLACED_TEST: dict[str, type[RequestBroker]] = {
+    "oc": OverloadControlBroker,
+    "split": FixedSplitBroker,
+    "wcl": WorstCaseSplitBroker,
+}
+
+DROPPER_NAMES: tuple[str, ...] = ("none", "nexus", "clipper++", *_PARD_FAMILY, *_REPLACED_TEST)
 
 # Table 1 spells the ablations "PARD-<x>".
 _ALIASES = {"pard-hbf": "hbf-only", "pard-lbf": "lbf-only", "clipper": "clipper++"}
@@ -33,7 +45,7 @@ _ALIASES = {"pard-hbf": "hbf-only", "pard-lbf": "lbf-only", "clipper": "clipper+
 def _canonical(name: str) -> str:
     key = name.strip().lower().replace("_", "-")
     key = _ALIASES.get(key, key)
-    if key.startswith("pard-") and key[5:] in _PARD_FAMILY:
+    if key.startswith("pard-") and (key[5:] in _PARD_FAMILY or key[5:] in _REPLACED_TEST):
         key = key[5:]
     return key
 
@@ -57,5 +69,7 @@ def create_dropper(
         raise ValueError(f"dropper planner: {key!r} needs a StatePlanner, got None")
     if key == "clipper++":
         return ClipperPlusPlus(planner)
+    if key in _REPLACED_TEST:
+        return _REPLACED_TEST[key](planner, priority=priority, name=key)
     estimator, order = _PARD_FAMILY[key]
     return RequestBroker(planner, estimator=estimator, order=order, priority=priority, name=key)

@@ -99,6 +99,10 @@ class Reason(StrEnum):
     NEXUS_HEAD = "ahead of the first batch window that meets its deadlines"
     WITHIN_SHARE = "module latency within its SLO share"
     OVER_SHARE = "module latency exceeds its SLO share"
+    WITHIN_SPLIT = "latency through this module within its cumulative SLO split"
+    OVER_SPLIT = "latency through this module exceeds its cumulative SLO split"
+    WITHIN_QUEUE_TARGET = "queueing delay at this module within its target"
+    OVER_QUEUE_TARGET = "queueing delay at this module exceeds its target (overload)"
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from taskserver.pard import PipelineGraph, PriorityConfig, Profile
+from taskserver.pard import PipelineGraph, PriorityConfig, Profile, ScalingConfig
 from taskserver.pipeline.errors import PipelineConfigError
 
 __all__ = [
@@ -392,6 +392,9 @@ class PipelineConfig(ModuleGraph):
     """Where the pipeline goes on after this stage: module id -> ``host:port`` of the task
     server that runs it (and what follows it). Each sub of a local module that is not local
     needs one."""
+    workers: int | ScalingConfig = 1
+    """Workers (sessions, each with its own thread) per local module: a fixed count, or a
+    ScalingConfig to follow each module's request rate at run time (``workers = "auto"``)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -409,6 +412,10 @@ class PipelineConfig(ModuleGraph):
         if self.intra_op_threads is not None and not _positive_int(self.intra_op_threads):
             raise PipelineConfigError(
                 f"pipeline intra_op_threads: must be an int >= 1, got {self.intra_op_threads!r}"
+            )
+        if not (_positive_int(self.workers) or isinstance(self.workers, ScalingConfig)):
+            raise PipelineConfigError(
+                f'pipeline workers: need an int >= 1 or "auto" settings, got {self.workers!r}'
             )
         if not isinstance(self.dropper, str) or not self.dropper.strip():
             raise PipelineConfigError(f"pipeline dropper: must be a name, got {self.dropper!r}")

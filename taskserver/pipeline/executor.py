@@ -26,6 +26,12 @@ requests at once (``slots`` well above the largest batch size); with one slot ev
 would hold one request. A request's budget is the smaller of the payload's ``budget_ms``
 and the one the task server passes (the SLO left after the task's wait in its queue).
 
+Workers (PARD §4.1, §5.1): each local module starts with ``config.workers`` replicas (a
+fixed count), or, with a ScalingConfig, a WorkerScaler decides every ``period_s`` from each
+module's arrivals how many it needs (taskserver.pard.scaling); a new replica's session is
+built and warmed in its own thread, off the serving path, and joins when that is done and
+its cold start has passed; a stopped one finishes its running batch first.
+
 Metrics: one PardMetrics per executor (goodput, drop rate, invalid rate, §5.1). A cancelled
 request and one whose batch failed end there as drops at the pseudo-modules CANCELLED and
 FAILED (so their compute counts as invalid); ``snapshot()`` reports them apart from the
@@ -47,12 +53,14 @@ the sinks; ``modules`` every module the request ran on, in visiting order.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import json
 import logging
 import secrets
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -63,9 +71,12 @@ from taskserver.pard import (
     Decision,
     ModuleState,
     PardMetrics,
+    ScalingConfig,
+    ScalingDecision,
     StateExchange,
     StatePlanner,
     UnknownModule,
+    WorkerScaler,
     create_dropper,
 )
 from taskserver.pipeline.config import ModuleConfig, PipelineConfig
@@ -110,6 +121,20 @@ LATER_STAGE = "(later stage)"
 log = logging.getLogger(__name__)
 
 
+def _forget(tasks: list[asyncio.Task[None]], task: asyncio.Task[None]) -> None:
+    if task in tasks:
+        tasks.remove(task)
+
+
+def _build_runner(factory: Callable[[ModuleConfig], ModelRunner], module: ModuleConfig) -> Any:
+    """In a new replica's own thread: load its model and warm it up there (worker.warm_up)."""
+    runner = factory(module)
+    warm_up = getattr(runner, "warm_up", None)
+    if warm_up is not None:
+        warm_up()
+    return runner
+
+
 class PipelineExecutor(Executor):
     """Runs each task payload through the pipeline; see the module docstring."""
 
@@ -120,16 +145,26 @@ class PipelineExecutor(Executor):
         config: PipelineConfig,
         *,
         runners: Mapping[str, ModelRunner] | None = None,
+        runner_factory: Callable[[ModuleConfig], ModelRunner] | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
-        """Load one session per module (or take `runners`, by module id) and wire the workers."""
+        """Load one session per module (or take `runners`, by module id) and wire the workers.
+
+        Replicas beyond the first come from `runner_factory` (default, without `runners`: a
+        new OnnxModel of the module, with the same providers and threads).
+        """
         self.config = config
         self.clock = clock
         if runners is None:
-            providers = resolve_providers(config.providers)
             here = [m for m in config.modules if config.runs_here(m.id)]
-            threads = config.intra_op_threads or default_intra_op_threads(len(here))
-            runners = {m.id: OnnxModel(m, providers, intra_op_threads=threads) for m in here}
+            if runner_factory is None:
+                providers = resolve_providers(config.providers)
+                threads = config.intra_op_threads or default_intra_op_threads(len(here))
+
+                def runner_factory(module: ModuleConfig) -> ModelRunner:
+                    return OnnxModel(module, providers, intra_op_threads=threads)
+
+            runners = {m.id: runner_factory(m) for m in here}
         local = [m for m in config.modules if config.runs_here(m.id)]
         missing = [m.id for m in local if m.id not in runners]
         if missing:
@@ -177,6 +212,25 @@ class PipelineExecutor(Executor):
                     worker.runner.provider,
                     seconds,
                 )
+        self._factory = runner_factory
+        self._growing: dict[str, list[asyncio.Task[None]]] = {m.id: [] for m in local}
+        workers = config.workers
+        self.scaler: WorkerScaler | None = None
+        if isinstance(workers, ScalingConfig):
+            self.scaler = WorkerScaler(workers, [m.id for m in local])
+            first = workers.min_workers
+        else:
+            first = workers
+        if first > 1 and runner_factory is None:
+            raise PipelineConfigError(
+                f"pipeline workers: {first} per module needs a runner_factory besides runners"
+            )
+        for worker in self.workers.values():  # the starting replicas, before any task
+            for _ in range(first - 1):
+                pool = ThreadPoolExecutor(1, thread_name_prefix=f"pipeline-{worker.id}")
+                assert runner_factory is not None
+                runner = pool.submit(_build_runner, runner_factory, worker.module).result()
+                worker.add_replica(runner, pool, clock())
         self.metrics = PardMetrics(knobs.metrics_window_s)
         self.cancelled = 0
         self.failures = 0
@@ -195,6 +249,7 @@ class PipelineExecutor(Executor):
         self._learnt: dict[str, ModuleState] = {}  # states from later stages
         self._stale: set[str] = set()  # planners that merged a downstream state since refresh
         self._flights: dict[int, Flight] = {}
+        self._counted: dict[str, int] = {}  # arrivals per module handed to the scaler
         self._ids = itertools.count(1)
         self._tasks: list[asyncio.Task[None]] = []
         self._handoffs: set[asyncio.Task[None]] = set()  # waiting on later stages
@@ -263,7 +318,7 @@ class PipelineExecutor(Executor):
     async def close(self) -> None:
         """Stop the workers, fail what is still in flight, release the model threads."""
         self._closed = True
-        tasks = [*self._tasks, *self._handoffs]
+        tasks = [*self._tasks, *self._handoffs, *(t for g in self._growing.values() for t in g)]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -446,6 +501,16 @@ class PipelineExecutor(Executor):
                 "batch_size": w.planner.state(mid).batch_size,
                 # d_k used in eq. (3) = profiled d_k x this (1.0 unless adapt_durations)
                 "duration_scale": round(w.planner.state(mid).duration_scale, 3),
+                "workers": w.workers,  # replicas serving
+                "workers_starting": len(self._growing.get(mid, ())),
+                "batches_by_worker": {str(r.index): r.batches for r in w.replicas},
+                "scaling_actions": dict(
+                    zip(
+                        ("start", "stop"),
+                        self.scaler.actions(mid) if self.scaler is not None else (0, 0),
+                        strict=True,
+                    )
+                ),
                 "invalid_rate": module.invalid_rate,
                 "compute_s": module.compute_s,
                 "invalid_s": module.invalid_s,
@@ -497,9 +562,80 @@ class PipelineExecutor(Executor):
             worker.planner.refresh()  # w_k from the priors, before the first decision
             self._tasks.append(loop.create_task(worker.run(), name=f"pipeline-{worker.id}"))
         self._tasks.append(loop.create_task(self._exchange_loop(), name="pipeline-exchange"))
+        if self.scaler is not None:
+            self._tasks.append(loop.create_task(self._scale_loop(), name="pipeline-scaling"))
         for peer in self.peers.values():
             peer.start()
         return loop
+
+    async def _scale_loop(self) -> None:
+        assert self.scaler is not None
+        while True:
+            await asyncio.sleep(self.scaler.config.period_s)
+            self.scale(self.clock())
+
+    def worker_rps(self, module_id: str) -> float:
+        """mu_k: one replica's throughput at the module's largest feasible batch size, from
+        the profile's d_k times the module's duration scale."""
+        worker = self.workers[module_id]
+        batch = worker.module.batch_sizes[-1]
+        return batch / worker.planner.duration_s(module_id, batch)
+
+    def scale(self, now: float) -> ScalingDecision | None:
+        """One scaling decision at `now` and its actions (None without a scaler)."""
+        scaler = self.scaler
+        if scaler is None:
+            return None
+        for mid, worker in self.workers.items():
+            scaler.record_arrivals(mid, worker.arrivals - self._counted.get(mid, 0), now)
+            self._counted[mid] = worker.arrivals
+        decision = scaler.decide(now, {mid: self.worker_rps(mid) for mid in self.workers})
+        loop = asyncio.get_running_loop()
+        for part in decision.modules:
+            growing = self._growing[part.module_id]
+            for _ in range(part.start):
+                task = loop.create_task(self._grow(part.module_id, part.ready_at_s))
+                growing.append(task)
+                task.add_done_callback(functools.partial(_forget, growing))
+            for _ in range(part.stop):
+                if growing:  # not serving yet: the cheapest to stop
+                    growing[-1].cancel()
+                    growing.pop()
+                else:
+                    self.workers[part.module_id].retire_replica()
+            if part.start or part.stop:
+                log.info(
+                    "module %s: %.1f req/s, %.1f per worker: %d wanted, +%d -%d",
+                    self.workers[part.module_id].module.label,
+                    part.rate_rps,
+                    part.worker_rps,
+                    part.wanted,
+                    part.start,
+                    part.stop,
+                )
+        return decision
+
+    async def _grow(self, module_id: str, ready_at_s: float) -> None:
+        """Build and warm a replica in its own thread, then let it join at `ready_at_s`."""
+        worker = self.workers[module_id]
+        factory = self._factory
+        assert factory is not None and self.scaler is not None
+        pool = ThreadPoolExecutor(1, thread_name_prefix=f"pipeline-{module_id}")
+        joined = False
+        try:
+            loop = asyncio.get_running_loop()
+            runner = await loop.run_in_executor(pool, _build_runner, factory, worker.module)
+            wait_s = ready_at_s - self.clock()
+            if wait_s > 0:
+                await asyncio.sleep(wait_s)
+            worker.add_replica(runner, pool, self.clock())
+            joined = True
+        except Exception as exc:  # a model that fails to load: the module keeps what it has
+            log.warning("module %s: a new worker failed to start: %s", worker.module.label, exc)
+            self.scaler.abandon(module_id)
+        finally:
+            if not joined:
+                pool.shutdown(wait=False, cancel_futures=True)
 
     async def _exchange_loop(self) -> None:
         ids = list(self.workers)

@@ -48,6 +48,7 @@ class BatchRecord:
     started_s: float
     ended_s: float
     exec_s: float
+    worker: int = 0  # the module's replica that ran it (0: the first)
 
     @property
     def size(self) -> int:

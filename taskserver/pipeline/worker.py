@@ -19,13 +19,21 @@ on an emulated traffic pipeline at its capacity, most drops came one module too 
 left it (rechecked, dropped on another branch, cancelled) or drops emptied the queue; it
 then runs with the requests it has: never held back, never padded.
 
-The model runs in a single-thread executor per module, so the event loop never blocks and a
-module runs one batch at a time; the inputs are built in that thread too.
+Workers (PARD §4.1: one controller and several workers per module). A module has one or
+more replicas, each a model runner (its own onnxruntime session) with its own single thread,
+so the event loop never blocks and a replica runs one batch at a time; the inputs are built
+in that thread too. The module keeps one queue and one open batch; the dispatcher hands the
+open batch to an idle replica (the one idle longest), and while every replica is busy the
+open batch's t_e is the earliest expected end among them (the earliest-free replica takes
+it). Replicas join (`add_replica`, once their session is built and warmed off the serving
+path) and leave (`retire_replica`: no new batch, closed when its running batch ends) at run
+time, as the pipeline's WorkerScaler decides (taskserver.pard.scaling).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections import Counter, deque
@@ -42,7 +50,7 @@ from taskserver.pipeline.errors import InferenceFailed
 from taskserver.pipeline.flight import BatchRecord, Flight, ModuleTiming
 from taskserver.pipeline.sessions import ModelRunner
 
-__all__ = ["ModuleWorker", "Router", "feasible_target"]
+__all__ = ["ModuleWorker", "Replica", "Router", "feasible_target"]
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +77,39 @@ class Router(Protocol):
 
     def forward(self, flight: Flight, module: ModuleConfig, output: np.ndarray, now: float) -> None:
         """`module` produced `output` for `flight`."""
+
+
+class Replica:
+    """One worker of a module: a model runner and the single thread that runs its batches."""
+
+    __slots__ = (
+        "batches",
+        "end_s",
+        "flights",
+        "future",
+        "idle_since_s",
+        "index",
+        "joined_s",
+        "pool",
+        "retiring",
+        "runner",
+        "started_s",
+        "target",
+    )
+
+    def __init__(self, index: int, runner: ModelRunner, pool: ThreadPoolExecutor) -> None:
+        self.index = index
+        self.runner = runner
+        self.pool = pool
+        self.future: asyncio.Future | None = None  # the running batch
+        self.flights: list[Flight] = []
+        self.target = 0
+        self.started_s = 0.0
+        self.end_s = 0.0  # t_e: the running batch's expected end
+        self.idle_since_s = 0.0
+        self.joined_s = 0.0  # when it began to serve (0: with the module)
+        self.retiring = False
+        self.batches = 0
 
 
 def feasible_target(count: int, sizes: tuple[int, ...]) -> int:
@@ -110,15 +151,15 @@ class ModuleWorker:
         # the open batch, in admission order: id -> (request, target and t_e it was decided at)
         self._open: dict[int, tuple[PipelineRequest, int, float]] = {}
         self._target = 0  # its target size; 0: none open
-        self._running: asyncio.Future | None = None
-        self._running_flights: list[Flight] = []
-        self._running_target = 0
-        self._end_s = 0.0  # t_e: the running batch's expected end
-        self._started_s = 0.0  # when the running batch was launched
-        self._finished: tuple[list[Flight], int, float, asyncio.Future] | None = None
+        pool = ThreadPoolExecutor(1, thread_name_prefix=f"pipeline-{module.id}")
+        self._pool = pool  # the first replica's thread
+        self.replicas: list[Replica] = [Replica(0, runner, pool)]  # serving, in join order
+        self._retired: list[Replica] = []  # left, still running their last batch
+        self._replica_ids = 1
+        self._finished: list[tuple[Replica, list[Flight], int, float, asyncio.Future]] = []
         self._completing: list[Flight] = []  # the finished batch being accounted for
         self._wake = asyncio.Event()
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"pipeline-{module.id}")
+        self.arrivals = 0  # requests submitted here (the scaler's rate)
         self.sizes: Counter[int] = Counter()  # batch-size histogram
         self.batches = 0
         self.requests = 0
@@ -150,6 +191,44 @@ class ModuleWorker:
         return self.module.id
 
     @property
+    def _running(self) -> asyncio.Future | None:
+        """A running batch's future (the first replica's that runs one), or None."""
+        return next((r.future for r in self.replicas if r.future is not None), None)
+
+    @property
+    def workers(self) -> int:
+        """Replicas serving this module."""
+        return len(self.replicas)
+
+    def add_replica(self, runner: ModelRunner, pool: ThreadPoolExecutor, now: float) -> Replica:
+        """A warmed runner and its thread join the module; the next batch may run on it."""
+        replica = Replica(self._replica_ids, runner, pool)
+        replica.idle_since_s = replica.joined_s = now
+        self._replica_ids += 1
+        self.replicas.append(replica)
+        self.planner.set_workers(len(self.replicas))
+        self._wake.set()
+        return replica
+
+    def retire_replica(self) -> Replica | None:
+        """Take the newest replica out of service (an idle one first); None if one is left.
+
+        It takes no new batch; its thread stops once its running batch has ended.
+        """
+        if len(self.replicas) <= 1:
+            return None
+        idle = [r for r in self.replicas if r.future is None]
+        replica = (idle or self.replicas)[-1]
+        self.replicas.remove(replica)
+        replica.retiring = True
+        self.planner.set_workers(len(self.replicas))
+        if replica.future is None:
+            replica.pool.shutdown(wait=False)
+        else:
+            self._retired.append(replica)
+        return replica
+
+    @property
     def open_count(self) -> int:
         """Requests admitted into the open batch."""
         return len(self._open)
@@ -164,6 +243,7 @@ class ModuleWorker:
         self.decide_s += time.perf_counter() - start
         flight.timings[self.id] = ModuleTiming(received_s=now)
         flight.where.add(self.id)
+        self.arrivals += 1
         self._wake.set()
 
     def remove(self, request_id: int) -> bool:
@@ -188,18 +268,28 @@ class ModuleWorker:
             await self._wake.wait()
 
     def _step(self) -> None:
-        if self._finished is not None:
-            flights, target, started_s, future = self._finished
-            self._finished = None
+        finished, self._finished = self._finished, []
+        for replica, flights, target, started_s, future in finished:
             self._completing = flights
             self._collect()
-            if self._open:
-                self._launch()  # the model first, then the bookkeeping of the last batch
-            self._complete(flights, target, started_s, future)
+            self._dispatch()  # the model first, then the bookkeeping of the last batch
+            self._complete(replica, flights, target, started_s, future)
             self._completing = []
         self._collect()
-        while self._running is None and self._open:
-            self._launch()  # no batch starts when the recheck dropped all of it: collect again
+        self._dispatch()
+
+    def _idle_replica(self) -> Replica | None:
+        """The replica idle longest, or None while every one runs a batch."""
+        idle = [r for r in self.replicas if r.future is None]
+        return min(idle, key=lambda r: r.idle_since_s) if idle else None
+
+    def _dispatch(self) -> None:
+        """Launch the open batch on idle replicas until none is idle or nothing is open."""
+        while self._open:
+            replica = self._idle_replica()
+            if replica is None:
+                return
+            self._launch(replica)  # none starts when the recheck dropped all: collect again
             self._collect()  # the next batch opens as this one starts (Fig. 3b)
 
     def _collect(self) -> None:
@@ -214,7 +304,8 @@ class ModuleWorker:
         if room <= 0:
             return
         now = self.clock()
-        expected_start = self._end_s if self._running is not None else now
+        busy = [r.end_s for r in self.replicas if r.future is not None]
+        expected_start = min(busy) if len(busy) == len(self.replicas) else now
         context = self.planner.context(max(expected_start, now), target)
         start = time.perf_counter()
         plan = self.dropper.form_batch(self.queue, context, now, room)
@@ -260,8 +351,8 @@ class ModuleWorker:
             flight.where.discard(self.id)
             self.router.dropped(flight, self.module, decision, now)
 
-    def _launch(self) -> None:
-        """Hand the open batch to the model thread; t_e = now + d_k(target)."""
+    def _launch(self, replica: Replica) -> None:
+        """Hand the open batch to `replica`'s thread; t_e = now + d_k(target)."""
         now = self.clock()
         self._recheck(now)
         if not self._open:
@@ -276,15 +367,16 @@ class ModuleWorker:
             timing = flight.timings[self.id]
             timing.started_s = now
             timing.batch = len(flights)
-        self._started_s = now
-        self._end_s = now + self._duration_s(len(flights), target)
+        replica.started_s = now
+        replica.end_s = now + self._duration_s(len(flights), target)
         if self.planner.state(self.id).batch_size != target:
             self.planner.set_batch_size(target)
-        self._running_flights = flights
-        self._running_target = target
-        future = asyncio.get_running_loop().run_in_executor(self._pool, self._execute, flights)
-        future.add_done_callback(self._on_done)
-        self._running = future
+        replica.flights = flights
+        replica.target = target
+        run = functools.partial(self._execute, replica.runner, flights)
+        future = asyncio.get_running_loop().run_in_executor(replica.pool, run)
+        future.add_done_callback(functools.partial(self._on_done, replica))
+        replica.future = future
 
     def _duration_s(self, size: int, target: int) -> float:
         """d_k (the profile's, times the module's duration scale) of a batch of `size`."""
@@ -299,13 +391,15 @@ class ModuleWorker:
                 pass
         return self.planner.profiled_s(self.id, target)
 
-    def _execute(self, flights: list[Flight]) -> tuple[np.ndarray, float, float]:
-        """In the module's thread: build the batch's inputs, run the model."""
-        shape, dtype = self.runner.input_shape, self.runner.input_dtype
+    def _execute(
+        self, runner: ModelRunner, flights: list[Flight]
+    ) -> tuple[np.ndarray, float, float]:
+        """In a replica's thread: build the batch's inputs, run the model."""
+        shape, dtype = runner.input_shape, runner.input_dtype
         start = self.clock()
         batch = np.stack([f.input_for(self.id, shape, dtype) for f in flights])
         ran = self.clock()
-        output = self.runner.run(batch)
+        output = runner.run(batch)
         exec_s = self.clock() - ran
         if not isinstance(output, np.ndarray) or output.shape[:1] != (len(flights),):
             raise InferenceFailed(
@@ -314,14 +408,23 @@ class ModuleWorker:
             )
         return output, ran - start, exec_s
 
-    def _on_done(self, future: asyncio.Future) -> None:
-        self._finished = (self._running_flights, self._running_target, self._started_s, future)
-        self._running = None
-        self._running_flights = []
+    def _on_done(self, replica: Replica, future: asyncio.Future) -> None:
+        self._finished.append((replica, replica.flights, replica.target, replica.started_s, future))
+        replica.future = None
+        replica.flights = []
+        replica.idle_since_s = self.clock()
+        if replica.retiring:
+            self._retired.remove(replica)
+            replica.pool.shutdown(wait=False)
         self._wake.set()
 
     def _complete(
-        self, flights: list[Flight], target: int, started_s: float, future: asyncio.Future
+        self,
+        replica: Replica,
+        flights: list[Flight],
+        target: int,
+        started_s: float,
+        future: asyncio.Future,
     ) -> None:
         """Account for a finished batch and forward each live request's output."""
         now = self.clock()
@@ -338,6 +441,7 @@ class ModuleWorker:
         output, prep_s, exec_s = future.result()
         ids = [f.request_id for f in flights]
         self.batches += 1
+        replica.batches += 1
         self.requests += len(flights)
         self.sizes[len(flights)] += 1
         self.short_batches += len(flights) < target
@@ -346,7 +450,9 @@ class ModuleWorker:
         self.profiled_s += self.planner.profiled_s(self.id, target)
         if self.adapt_durations:
             self._adapt(prep_s + exec_s, len(flights), target)
-        self.history.append(BatchRecord(self.id, tuple(ids), target, started_s, now, exec_s))
+        self.history.append(
+            BatchRecord(self.id, tuple(ids), target, started_s, now, exec_s, replica.index)
+        )
         self.router.executed(self.module, ids, exec_s, now)
         for i, flight in enumerate(flights):
             timing = flight.timings[self.id]
@@ -384,8 +490,10 @@ class ModuleWorker:
                 self.router.failed(flight, self.module, error)
 
     async def close(self) -> None:
-        """Wait for the running batch, then stop the model thread."""
-        running = self._running
-        if running is not None:
-            await asyncio.wait([running])
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        """Wait for the running batches, then stop the model threads."""
+        replicas = [*self.replicas, *self._retired]
+        running = [r.future for r in replicas if r.future is not None]
+        if running:
+            await asyncio.wait(running)
+        for replica in replicas:
+            replica.pool.shutdown(wait=False, cancel_futures=True)

@@ -74,6 +74,22 @@ async def test_a_doomed_traffic_request_is_dropped_before_any_model_runs(pipelin
     assert ex.snapshot()["drops_by_module"] == {"1": 1}
 
 
+async def test_a_game_analysis_request_runs_all_five_modules(pipeline):
+    ex = pipeline("ga")
+    result = json.loads(await ex.execute(request(image_seed=3, budget_ms=5_000)))
+    assert result["pipeline"] == "ga" and list(result["modules"]) == ["1", "2", "3", "4", "5"]
+    names = [m["name"] for m in result["modules"].values()]
+    assert names == [
+        "game_object_detection",
+        "kill_count_detection",
+        "alive_player_recognition",
+        "health_value_recognition",
+        "icon_recognition",
+    ]
+    assert all(m["exec_ms"] > 0 and m["batch"] == 1 for m in result["modules"].values())
+    assert list(result["outputs"]) == ["5"] and result["outputs"]["5"]["shape"] == [32]
+
+
 async def test_the_dag_pipeline_merges_both_branches(pipeline):
     ex = pipeline("dag")
     result = json.loads(await ex.execute(request(image_seed=5, budget_ms=5_000)))

@@ -241,23 +241,39 @@ def test_progress_bar_redraws_in_place_on_a_terminal() -> None:
     assert text.count("\r") == 3 and text.endswith("3/3 100% elapsed 0:00 eta 0:00\n")
 
 
-# --- PARD pipeline experiments (pard-traffic, pard-live, pard-dag) -------------------------
+# --- PARD pipeline experiments (pard-traffic, pard-live, pard-ga, pard-dag) ----------------
 
 PARD_POLICIES = ["none", "nexus", "clipper++", "pard"]
-PARD_ABLATIONS = ["back", "sf", "lower", "upper", "fcfs", "hbf-only", "lbf-only", "instant-switch"]
+PARD_ABLATIONS = ["back", "sf", "oc", "split", "wcl", "lower", "upper", "fcfs", "hbf-only"]
+PARD_ABLATIONS += ["lbf-only", "instant-switch"]  # Table 1's ten in its order, then one more
 
 
 def test_every_pipeline_experiment_has_its_spec_and_profile() -> None:
     from onnx_models.spec import PIPELINES_DIR
 
     pipelines = {e.pipeline for e in EXPERIMENTS.values() if e.pipeline}
-    assert pipelines == {"traffic", "live", "dag"}
+    assert pipelines == {"traffic", "live", "ga", "dag"}
     for name in pipelines:
         assert (PIPELINES_DIR / f"{name}.json").is_file()
         assert (PIPELINES_DIR / f"{name}.profile.json").is_file()
 
 
-@pytest.mark.parametrize("name", ["pard-traffic", "pard-live", "pard-dag"])
+@pytest.mark.parametrize(
+    ("pipeline", "slo_ms"), [("traffic", 400), ("live", 500), ("ga", 600), ("dag", 420)]
+)
+def test_pipeline_experiments_run_under_the_papers_slos(pipeline: str, slo_ms: float) -> None:
+    from loadtests.sim.pard_experiments import plan_setup
+    from onnx_models.spec import PIPELINES_DIR
+
+    setup = plan_setup(
+        PIPELINES_DIR / f"{pipeline}.json", PIPELINES_DIR / f"{pipeline}.profile.json", 1000
+    )
+    # PARD §5.1's SLOs, feasible on the shipped profiles (not raised to the floor).
+    assert setup.slo_s == setup.spec_slo_s == pytest.approx(slo_ms / 1000)
+    assert setup.pipeline == pipeline
+
+
+@pytest.mark.parametrize("name", ["pard-traffic", "pard-live", "pard-ga", "pard-dag"])
 def test_pard_experiment_writes_tables_and_plots(name: str, tmp_path: Path) -> None:
     md = run_experiment(name, tmp_path, queries=100, apps=["spiky"], workers=1, quiet=True)
     folder = tmp_path / name
@@ -284,6 +300,7 @@ def test_pard_experiment_writes_tables_and_plots(name: str, tmp_path: Path) -> N
     assert "## Setup" in text and "## Goodput, drop rate, invalid rate" in text
     assert "| spiky | **PARD** |" in text and "| spiky | Nexus |" in text
     assert "| spiky | instant-switch |" in text
+    assert "| spiky | wcl | PARD-WCL |" in text and "| oc | PARD-oc |" in text
     for png in (
         "goodput_over_time.png",
         "drop_and_invalid_rates.png",

@@ -101,4 +101,5 @@ def test_no_windowed_rate_or_mean_is_exported_as_a_gauge() -> None:
     assert gauges == {
         "tailgate_pipeline_requests_in_flight",
         "tailgate_pipeline_module_duration_scale",
+        "tailgate_pipeline_module_workers",
     }

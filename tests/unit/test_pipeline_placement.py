@@ -86,6 +86,17 @@ def test_bad_stages_name_the_problem(modules, local, peers, message):
         make_config(modules, local=local, peers=peers)
 
 
+def test_the_game_analysis_chain_splits_into_stages():
+    from onnx_models.spec import load_pipeline, pipeline_path
+
+    modules = load_pipeline(pipeline_path("ga")).modules
+    head = make_config(modules, local=("1", "2"), peers={"3": "h:1"})
+    tail = make_config(modules, local=("3", "4", "5"))
+    assert (head.entries, tail.entries) == (("1",), ("3",))
+    with pytest.raises(PipelineConfigError, match="must all follow from it"):
+        make_config(modules, local=("1", "3"), peers={"2": "h:1"})
+
+
 def test_a_hand_off_carries_only_the_pixels_later_crops_read():
     frame = np.random.default_rng(1).random((3, 60, 50), dtype=np.float32)
     region = (0.1, 0.2, 0.5, 0.9)

@@ -40,8 +40,14 @@ def write_spec(tmp_path: Path, modules: list[dict] | None = None, **top: Any) ->
 # --- the shipped pipelines ---------------------------------------------------------------
 
 
-def test_three_pipelines_are_shipped() -> None:
-    assert shipped_pipelines() == ("dag", "live", "traffic")
+def test_four_pipelines_are_shipped() -> None:
+    assert shipped_pipelines() == ("dag", "ga", "live", "traffic")
+
+
+def test_slos_are_the_papers() -> None:
+    # PARD §5.1: 400, 500, 600 and 420 ms for tm, lv, ga and da.
+    slos = {name: load_pipeline(pipeline_path(name)).slo_ms for name in shipped_pipelines()}
+    assert slos == {"traffic": 400, "live": 500, "ga": 600, "dag": 420}
 
 
 @pytest.mark.parametrize(
@@ -63,6 +69,17 @@ def test_three_pipelines_are_shipped() -> None:
             "dag",
             420,
             ["person_detection", "pose_recognition", "face_recognition", "expression_recognition"],
+        ),
+        (
+            "ga",
+            600,
+            [
+                "game_object_detection",
+                "kill_count_detection",
+                "alive_player_recognition",
+                "health_value_recognition",
+                "icon_recognition",
+            ],
         ),
     ],
 )
@@ -86,6 +103,22 @@ def test_chains_have_one_path() -> None:
     assert live.downstream(5) == ()
     assert live.source.id == "1"
     assert [m.id for m in live.sinks] == ["5"]
+
+
+def test_game_analysis_is_a_chain_of_five_modules() -> None:
+    # PARD §5.1 lists ga's five models as a cascade; only da splits and merges.
+    ga = load_pipeline(pipeline_path("ga"))
+    assert len(ga.modules) == 5
+    assert ga.paths() == (("1", "2", "3", "4", "5"),)
+    assert [(m.pres, m.subs) for m in ga.topological_order()] == [
+        ((), ("2",)),
+        (("1",), ("3",)),
+        (("2",), ("4",)),
+        (("3",), ("5",)),
+        (("4",), ()),
+    ]
+    assert ga.source.name == "game_object_detection"
+    assert [m.name for m in ga.sinks] == ["icon_recognition"]
 
 
 def test_dag_splits_and_merges() -> None:

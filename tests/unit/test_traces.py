@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from loadtests.sim.traces import (
-    TRACE_CVS,
     TRACE_NAMES,
     Trace,
     bursty,
@@ -31,18 +30,13 @@ def test_per_second_cv_by_hand() -> None:
 
 @pytest.mark.parametrize("name", TRACE_NAMES)
 @pytest.mark.parametrize(("duration_s", "rate_rps"), [(60.0, 300.0), (10.0, 400.0)])
-def test_traces_hit_their_cv_and_mean_rate(name: str, duration_s: float, rate_rps: float) -> None:
+def test_traces_hit_their_mean_rate(name: str, duration_s: float, rate_rps: float) -> None:
     for seed in range(4):
         trace = make_trace(name, duration_s, rate_rps, seed=seed)
-        assert trace.cv() == pytest.approx(TRACE_CVS[name], abs=0.08)
         assert len(trace) / duration_s == pytest.approx(rate_rps, rel=0.05)
         assert np.all(np.diff(trace.arrivals_s) >= 0)
         assert trace.arrivals_s[0] >= 0 and trace.arrivals_s[-1] < duration_s
         assert trace.rate_curve.mean() == pytest.approx(rate_rps, rel=1e-6)
-
-
-def test_target_cvs() -> None:
-    assert TRACE_CVS == {"periodic": 0.5, "bursty": 1.0, "spiky": 1.3}
 
 
 @pytest.mark.parametrize("maker", [periodic, bursty, spiky])
@@ -56,26 +50,18 @@ def test_periodic_trace_follows_its_period() -> None:
     trace = periodic(60.0, 500.0, period_s=20.0, seed=1)
     counts = per_second_counts(trace.arrivals_s, 60.0)
     # Peaks a quarter into each period, troughs three quarters in.
-    assert counts[3:7].mean() > 1.5 * 500 > 0.5 * 500 > counts[13:17].mean()
+    assert counts[3:7].mean() > 1.3 * 500 > 0.7 * 500 > counts[13:17].mean()
 
 
-def test_bursty_trace_doubles_its_level_in_the_burst() -> None:
-    for seed in range(5):
-        trace = bursty(60.0, 300.0, seed=seed, cv=0.3)  # little noise around the level
-        inside = trace.rate_curve[27:39].mean()
-        outside = np.r_[trace.rate_curve[:27], trace.rate_curve[39:]].mean()
-        assert 1.5 < inside / outside < 2.7
-
-
-def test_a_cv_out_of_reach_or_a_short_trace_is_refused() -> None:
-    with pytest.raises(ValueError, match="cannot reach"):
-        periodic(30.0, 300.0, cv=0.9)  # a sinusoid tops out at CV 0.71
+def test_bad_shape_parameters_or_a_short_trace_are_refused() -> None:
+    with pytest.raises(ValueError, match="peak_to_trough"):
+        periodic(30.0, 300.0, peak_to_trough=0.5)
     with pytest.raises(ValueError, match="duration_s"):
         bursty(2.0, 300.0)
     with pytest.raises(ValueError, match="rate_rps"):
         spiky(30.0, 0.0)
-    with pytest.raises(ValueError, match="unknown 'wiki'"):
-        make_trace("wiki", 30.0, 100.0)
+    with pytest.raises(ValueError, match="unknown 'oracle'"):
+        make_trace("oracle", 30.0, 100.0)
 
 
 def write_stamps(path: Path, stamps: list[float]) -> Path:
