@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import statistics
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -295,16 +296,15 @@ class AutoscalerLoop:
         if self.config.link_delay_ms is not None:
             self._delays = {"source": "configured", "servers": 0}
             return
-        one_way = sorted(
+        one_way = [
             link.one_way_ms
             for link in self.service.links.values()
             if link.pool == self.config.pool and link.rtt_ms is not None
-        )
+        ]
         if not one_way:
             self._delays = {"source": "default", "servers": 0}
             return
-        mid = len(one_way) // 2
-        median = one_way[mid] if len(one_way) % 2 else (one_way[mid - 1] + one_way[mid]) / 2
+        median = statistics.median(one_way)
         self.policy.set_delays(median, median)
         self._delays = {"source": "measured", "servers": len(one_way)}
 

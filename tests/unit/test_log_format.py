@@ -5,8 +5,6 @@ from __future__ import annotations
 import io
 import json
 import logging
-import subprocess
-import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
@@ -19,7 +17,7 @@ from taskserver.logformat import (
     make_formatter,
 )
 from taskserver.spawn import tailgate_argv, taskserver_argv
-from tests.conftest import REPO_ROOT
+from tests.unit.test_cli_globals import run as _cli
 
 
 @pytest.fixture
@@ -115,16 +113,6 @@ def test_children_are_started_with_the_parents_log_format() -> None:
     finally:
         root.removeHandler(handler)
     assert "--log-format" not in tailgate_argv()
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "deploy.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=REPO_ROOT,
-    )
 
 
 def test_the_cli_takes_log_format_before_or_after_the_subcommand() -> None:
