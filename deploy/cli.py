@@ -87,6 +87,43 @@ def _load(args: argparse.Namespace) -> TailgateConfig:
     return load_config(args.config)
 
 
+def _load_gateway(args: argparse.Namespace) -> TailgateConfig:
+    """The config of a command that runs (or prints) the gateway: its token files checked."""
+    from deploy.config import check_credentials
+
+    cfg = _load(args)
+    check_credentials(cfg)
+    return cfg
+
+
+ENV_CLIENT_TOKEN = "TAILGATE_TOKEN"
+"""The credential `tailgate query` sends when --token is not given."""
+
+
+def _client_token(args: argparse.Namespace) -> str | None:
+    """What `tailgate query` sends as its Bearer credential: --token, else $TAILGATE_TOKEN,
+    else, when the configuration's queries need a key, its first admin token (on the
+    gateway's own host), else none."""
+    if args.token:
+        return str(args.token).strip()
+    if os.environ.get(ENV_CLIENT_TOKEN):
+        return os.environ[ENV_CLIENT_TOKEN].strip()
+    from gateway.config import MAX_ROTATING_TOKENS
+    from gateway.guard import read_token_file
+
+    auth = _load(args).gateway.auth
+    if auth.query_access == "open":
+        return None  # no credential leaves this machine that the gateway does not need
+    if auth.admin_tokens:
+        return auth.admin_tokens[0]
+    if auth.admin_tokens_file is not None:
+        try:
+            return read_token_file(auth.admin_tokens_file, MAX_ROTATING_TOKENS)[0]
+        except ValueError:
+            return None  # not this host's file: the gateway's answer says what is missing
+    return None
+
+
 def _service_overrides(args: argparse.Namespace, spec: Any) -> Any:
     changes = {
         name: getattr(args, f"service_{name}")
@@ -497,6 +534,11 @@ def _add_edge_agent_parser(sub: Any) -> None:
         "--drain-timeout-s", type=float, help="on SIGTERM, finish queued tasks this long (3)"
     )
     r.add_argument(
+        "--max-frame-bytes",
+        type=int,
+        help="largest Thrift frame taken; a peer declaring more is disconnected (8388608)",
+    )
+    r.add_argument(
         "--exit-with-parent",
         action="store_true",
         help="stop when the process that started this one dies (Linux)",
@@ -518,7 +560,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     from gateway.app import serve
     from gateway.service import GatewayService
 
-    gw = _load(args).gateway
+    gw = _load_gateway(args).gateway
     given = (("host", args.host), ("port", args.port), ("storage_url", args.storage_url))
     changes = {k: v for k, v in (*given, ("access_log", args.access_log)) if v is not None}
     try:
@@ -540,7 +582,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     """Gateway plus local task servers (and emulated edge agents) on this machine."""
     from deploy.launcher import UpOptions, up
 
-    cfg = _load(args)
+    cfg = _load_gateway(args)
     if args.storage_url is not None:
         try:
             gw = dataclasses.replace(cfg.gateway, storage_url=args.storage_url)
@@ -612,10 +654,14 @@ def cmd_query(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"tailgate query: --task is not valid JSON: {exc}", file=sys.stderr)
             return 2
+    headers = {"Content-Type": "application/json"}
+    token = _client_token(args)
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
     req = urllib.request.Request(
         args.url.rstrip("/") + "/v1/queries",
         data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
+        headers=headers,
         method="POST",
     )
     try:
@@ -644,7 +690,7 @@ def cmd_config(args: argparse.Namespace) -> int:
     """Validate a config file and print the effective configuration as tailgate.toml text."""
     from deploy.config_toml import dump_config
 
-    cfg = _load(args)
+    cfg = _load_gateway(args)
     # Redacted: tokens are left out and a storage password shows as ***.
     print(dump_config(cfg.redacted()), end="")
     return 0
@@ -884,6 +930,12 @@ def build_parser(*, light: bool = False) -> argparse.ArgumentParser:
     p.add_argument("--servers", help="comma-separated server ids")
     p.add_argument("--task", help="task payload as JSON")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait (60)")
+    p.add_argument(
+        "--token",
+        help=f"Bearer credential: a tenant's API key or an admin token (default: "
+        f"${ENV_CLIENT_TOKEN}, else the config's first admin token; prefer the variable: "
+        f"arguments show in ps)",
+    )
     p.set_defaults(func=cmd_query)
 
     if not light:

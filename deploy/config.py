@@ -7,13 +7,17 @@ Layout of the file (every key optional; see README for each field)::
     [[pools]]            -> GatewayConfig.pools, with [pools.prior] and [[pools.servers]]
     [taskserver]         -> taskserver.config.TaskServerConfig, with [taskserver.service]
     [tracing]            -> taskserver.tracing.TracingConfig, for the gateway and task servers
+    [auth]               -> gateway.config.AuthConfig (admin and read tokens, refusal logging)
+    [tenants.NAME]       -> AuthConfig.tenants: a tenant's API keys and per-key limits
 
 The environment is read here and nowhere else: ``TAILGATE_CONFIG`` names the
 file when no path is given. The registration token (the gateway's, and the one
 task servers and edge agents send) comes, first found first, from
 ``TAILGATE_AGENT_TOKEN``, from the file ``TAILGATE_AGENT_TOKEN_FILE`` names, from
 the file a table's ``token_file`` key names (relative to the config file), or
-from a table's ``token`` key.
+from a table's ``token`` key. Admin tokens, read tokens and API keys are given inline or
+as files (paths relative to the config file); the files are read here to check them, and
+again by the gateway, which re-reads them while it runs (gateway.guard).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gateway.config import GatewayConfig, check_token
+from gateway.config import AuthConfig, GatewayConfig, check_token
 from taskserver.config import TaskServerConfig
 from taskserver.tomlconfig import ConfigError, build, describe
 from taskserver.tracing import with_env
@@ -50,6 +54,7 @@ class TailgateConfig:
         gw, ts = self.gateway, self.taskserver
         if gw.token is not None:
             gw = dataclasses.replace(gw, token=REDACTED)
+        gw = dataclasses.replace(gw, auth=_redacted_auth(gw.auth))
         url = _without_password(gw.storage_url)
         if url != gw.storage_url:
             gw = dataclasses.replace(gw, storage_url=url)
@@ -58,6 +63,20 @@ class TailgateConfig:
             gateway=gw,
             taskserver=ts if ts.token is None else dataclasses.replace(ts, token=REDACTED),
         )
+
+
+def _redacted_auth(auth: AuthConfig) -> AuthConfig:
+    """[auth] with every inline token and key replaced by REDACTED (their number kept)."""
+    tenants = {
+        name: dataclasses.replace(t, api_keys=(REDACTED,) * len(t.api_keys))
+        for name, t in auth.tenants.items()
+    }
+    return dataclasses.replace(
+        auth,
+        admin_tokens=(REDACTED,) * len(auth.admin_tokens),
+        read_tokens=(REDACTED,) * len(auth.read_tokens),
+        tenants=tenants,
+    )
 
 
 def _without_password(url: str) -> str:
@@ -82,7 +101,7 @@ def parse_config(
     """Build the config from an already-parsed TOML document (and the token from ``env``)."""
     known = {
         *("gateway", "classes", "pools", "taskserver", "admission", "autoscaling", "allocation"),
-        "tracing",
+        *("tracing", "auth", "tenants"),
     }
     base = Path(source).parent if source else None
     try:
@@ -98,6 +117,7 @@ def parse_config(
         ts = dict(ts)
         _token_from_file(gw, "gateway", base)
         _token_from_file(ts, "taskserver", base)
+        _auth_section(data, gw, base)
         for section in ("classes", "pools", "admission", "autoscaling", "allocation"):
             if section in data:
                 if section in gw:
@@ -128,6 +148,76 @@ def parse_config(
         gateway = dataclasses.replace(gateway, token=token)
         taskserver = dataclasses.replace(taskserver, token=token)
     return TailgateConfig(gateway=gateway, taskserver=taskserver, source=source)
+
+
+def _auth_section(data: Mapping[str, Any], gw: dict[str, Any], base: Path | None) -> None:
+    """[auth] and [tenants.NAME] into gw["auth"], their file paths made absolute."""
+    if "auth" not in data and "tenants" not in data:
+        return
+    if "auth" in gw:
+        raise ConfigError("gateway.auth", "give [auth] once, at the top level")
+    auth = data.get("auth", {})
+    if not isinstance(auth, Mapping):
+        raise ConfigError("auth", f"expected a table, got {describe(auth)}")
+    auth = dict(auth)
+    if "tenants" in auth:
+        raise ConfigError("auth.tenants", "give each tenant as [tenants.NAME]")
+    for key in ("admin_tokens_file", "read_tokens_file"):
+        if key in auth:
+            auth[key] = _path(auth[key], f"auth.{key}", base)
+    if "tenants" in data:
+        tenants = data["tenants"]
+        if not isinstance(tenants, Mapping):
+            raise ConfigError("tenants", f"expected tables [tenants.NAME], got {describe(tenants)}")
+        auth["tenants"] = {}
+        for name, table in tenants.items():
+            if not isinstance(table, Mapping):
+                raise ConfigError(f"tenants.{name}", f"expected a table, got {describe(table)}")
+            table = dict(table)
+            if "api_keys_file" in table:
+                table["api_keys_file"] = _path(
+                    table["api_keys_file"], f"tenants.{name}.api_keys_file", base
+                )
+            auth["tenants"][name] = table
+    gw["auth"] = auth
+
+
+def _path(value: Any, key: str, base: Path | None) -> str:
+    """A file path of the config, relative to the config file's folder, made absolute."""
+    if not isinstance(value, str) or not value:
+        raise ConfigError(key, f"expected a file path, got {describe(value)}")
+    path = Path(value).expanduser()
+    if base is not None and not path.is_absolute():
+        path = base / path
+    return str(path.absolute())
+
+
+def check_credentials(cfg: TailgateConfig) -> None:
+    """Every token file of [auth] and [tenants.*] readable and valid, and no token given
+    for two roles: ConfigError naming the key, never quoting a token.
+
+    Apart from loading: the gateway's commands check (`tailgate gateway`, `up`, `config`),
+    so a task server that reads the same file need not hold the gateway's token files.
+    """
+    from gateway.auth import credentials_of, parse_tokens, token_files
+
+    files: dict[str, tuple[str, ...]] = {}
+    for path, (key, limit) in token_files(cfg.gateway.auth).items():
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+            raise ConfigError(
+                key, f"cannot read token file {path!r}: {reason}", cfg.source
+            ) from None
+        try:
+            files[path] = parse_tokens(text, limit)
+        except ValueError as exc:
+            raise ConfigError(key, f"token file {path!r} {exc}", cfg.source) from None
+    try:
+        credentials_of(cfg.gateway, files)
+    except ValueError as exc:
+        raise ConfigError("auth", str(exc), cfg.source) from None
 
 
 def _read_token(path: Path, key: str) -> str:
@@ -184,8 +274,11 @@ def _build_top(cls: type, table: Any, name: str) -> Any:
         return build(cls, table, name)
     except ConfigError as exc:
         # Classes and pools live at the top level of the file: name them as written there.
-        key = exc.key
-        for section in ("classes", "pools", "admission", "autoscaling", "allocation", "tracing"):
+        key = exc.key.replace("gateway.auth.tenants", "tenants")
+        for section in (
+            *("classes", "pools", "admission", "autoscaling", "allocation", "tracing"),
+            "auth",
+        ):
             key = key.replace(f"gateway.{section}", section)
         raise ConfigError(key, exc.message) from None
 

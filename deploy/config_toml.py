@@ -2,10 +2,10 @@
 
 The inverse of `deploy.config.load_config`: every field of every config object, in the
 layout the loader reads ([gateway], [[classes]], [[pools]] with [pools.prior] and
-[[pools.servers]], [admission], [autoscaling], [allocation], [tracing], [taskserver] with
-[taskserver.service]), so the printed text can be saved and loaded back as the same
-configuration. A field that is None is left out (the loader's default for it is None);
-tokens are never printed.
+[[pools.servers]], [admission], [autoscaling], [allocation], [tracing], [auth] and
+[tenants.NAME], [taskserver] with [taskserver.service]), so the printed text can be saved
+and loaded back as the same configuration. A field that is None is left out (the loader's
+default for it is None); tokens and API keys are never printed (their files' paths are).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from deploy.config import TailgateConfig
 
 __all__ = ["dump_config", "to_toml"]
 
-TOP_LEVEL = ("classes", "pools", "admission", "autoscaling", "allocation", "tracing")
+TOP_LEVEL = ("classes", "pools", "admission", "autoscaling", "allocation", "tracing", "auth")
 """GatewayConfig fields the file gives as top-level sections, not inside [gateway]."""
 SHARED = ("tracing",)
 """Top-level sections the loader copies into [taskserver] too: written once, from the
@@ -48,7 +48,30 @@ def dump_config(cfg: TailgateConfig) -> str:
                 f"# [{name}] token: set (not printed; give it as $TAILGATE_AGENT_TOKEN or "
                 "token_file)"
             )
+    header += _auth_without_secrets(doc, cfg)
     return "\n".join(header) + "\n\n" + to_toml(doc)
+
+
+def _auth_without_secrets(doc: dict[str, Any], cfg: TailgateConfig) -> list[str]:
+    """Take the inline tokens and keys out of doc's [auth]; its tenants go to the top level
+    as [tenants.NAME]. Returns the header lines that say what was left out."""
+    auth = cfg.gateway.auth
+    table = doc["auth"]
+    lines = []
+    for key in ("admin_tokens", "read_tokens"):
+        table.pop(key, None)
+        if getattr(auth, key):
+            lines.append(f"# [auth] {key}: {len(getattr(auth, key))} set (not printed; give "
+                         f"them in {key}_file)")  # fmt: skip
+    tenants = table.pop("tenants", {})
+    for name, tenant in tenants.items():
+        tenant.pop("api_keys", None)
+        if auth.tenants[name].api_keys:
+            lines.append(f"# [tenants.{name}] api_keys: {len(auth.tenants[name].api_keys)} set "
+                         "(not printed; give them in api_keys_file)")  # fmt: skip
+    if tenants:
+        doc["tenants"] = tenants
+    return lines
 
 
 def _plain(value: Any) -> Any:

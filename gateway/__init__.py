@@ -9,5 +9,8 @@ query path; ``app`` is the aiohttp shell; ``config`` the typed settings;
 ``tenants``/``allocation``/``deferral`` the allocation layer (fair share between
 tenants in central queues, admission and deferrals);
 ``metrics`` the Prometheus metrics; ``history`` the sampled time series and its
-store; ``dashboard`` the built-in page (its files in ``static/``).
+store; ``dashboard`` the built-in page (its files in ``static/``); ``auth`` who may
+call which route (pure: credentials, the decision, key limits), ``refusals`` refused
+requests counted per source, and ``guard`` the aiohttp middleware over both and the token
+files it re-reads.
 """

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import math
@@ -23,9 +22,9 @@ from gateway.errors import (
     BadRequest,
     NotFound,
     PayloadTooLarge,
-    Unauthorized,
     UnsupportedMediaType,
 )
+from gateway.guard import Guard, bind_tenant
 from gateway.openapi import openapi_document
 from gateway.queries import QueryOutcome
 from gateway.request_ids import caller_of, stamp_response
@@ -41,6 +40,7 @@ SERVICE_KEY: web.AppKey[GatewayService] = web.AppKey("service", GatewayService)
 SERVER_HEADER = "tailgate"
 """The Server header of every answer."""
 REQUESTS_KEY: web.AppKey[RequestPath] = web.AppKey("requests", RequestPath)
+GUARD_KEY: web.AppKey[Guard] = web.AppKey("guard", Guard)
 
 
 QUERY_STATUS = {
@@ -162,41 +162,12 @@ async def _json_body(request: web.Request) -> Any:
         raise BadRequest(f"malformed JSON: {exc}", field="") from exc
 
 
-def _authorize(request: web.Request) -> None:
-    """Registration changes need the configured token as a Bearer credential (RFC 6750)."""
-    token = request.app[SERVICE_KEY].config.token
-    if token is None:
-        return
-    header = request.headers.get("Authorization")
-    scheme, _, credential = (header or "").strip().partition(" ")
-    credential = credential.strip()
-    if header is None:
-        problem, challenge = (
-            "registration needs a token: send 'Authorization: Bearer <token>'",
-            'Bearer realm="tailgate"',
-        )
-    elif scheme.lower() != "bearer" or not credential:
-        problem, challenge = (
-            "malformed credential: expected 'Bearer <token>'",
-            'Bearer realm="tailgate", error="invalid_request"',
-        )
-    elif not hmac.compare_digest(credential.encode("utf-8", "replace"), token.encode()):
-        problem, challenge = (
-            "wrong registration token",
-            'Bearer realm="tailgate", error="invalid_token"',
-        )
-    else:
-        return
-    log.warning("refused %s %s from %s: %s", request.method, request.path, request.remote, problem)
-    raise Unauthorized(problem, field="Authorization", headers={"WWW-Authenticate": challenge})
-
-
 async def post_query(request: web.Request) -> web.Response:
     """POST /v1/queries: fan a query out and answer with every task's outcome."""
     service = request.app[SERVICE_KEY]
     t0 = service.clock()
     caller = caller_of(request)
-    body = await _json_body(request)
+    body = bind_tenant(request, await _json_body(request))
     req = parse_query(body, service.config)
     answer = await service.run_query(req, t0, caller=caller)
     status = QUERY_STATUS[answer.outcome]
@@ -215,7 +186,8 @@ async def post_request(request: web.Request) -> web.Response:
     """
     service = request.app[SERVICE_KEY]
     t0 = service.clock()
-    req = parse_multi_query(await _json_body(request), service.config)
+    body = bind_tenant(request, await _json_body(request))
+    req = parse_multi_query(body, service.config)
     answer = await request.app[REQUESTS_KEY].run(req, t0, caller=caller_of(request))
     headers = _retry_after(request) if answer.outcome.may_retry else None
     return web.json_response(answer.body, status=QUERY_STATUS[answer.outcome], headers=headers)
@@ -241,7 +213,6 @@ async def get_tenants(request: web.Request) -> web.Response:
 async def post_server(request: web.Request) -> web.Response:
     """POST /v1/servers: register (or refresh) a task server."""
     service = request.app[SERVICE_KEY]
-    _authorize(request)
     req = parse_register(await _json_body(request), service.config)
     created, view = await service.register(req)
     return web.json_response(view, status=201 if created else 200)
@@ -250,7 +221,6 @@ async def post_server(request: web.Request) -> web.Response:
 async def delete_server(request: web.Request) -> web.Response:
     """DELETE /v1/servers/{id}."""
     service = request.app[SERVICE_KEY]
-    _authorize(request)
     server_id = request.match_info["id"]
     if server_id not in service.links:
         raise NotFound(f"no server {server_id!r}", field="id")
@@ -414,11 +384,18 @@ ROUTES: list[tuple[str, str, Any]] = [
 
 
 def create_app(service: GatewayService) -> web.Application:
-    """The aiohttp application; starts and stops the service with the app."""
+    """The aiohttp application; starts and stops the service with the app.
+
+    Every route passes the access check (gateway.guard; what each needs: gateway.auth)
+    before its handler runs, so nothing of a refused request is read or revealed.
+    """
+    guard = Guard(service.config, service.clock, service.registry)
     app = web.Application(
-        middlewares=[_close_when_draining, _errors], client_max_size=service.config.max_body_bytes
+        middlewares=[_close_when_draining, _errors, guard.middleware],
+        client_max_size=service.config.max_body_bytes,
     )
     app[SERVICE_KEY] = service
+    app[GUARD_KEY] = guard
     app[REQUESTS_KEY] = RequestPath(
         service, f"req-{uuid.uuid4().hex[:8]}", tracer=service.query.tracer
     )
@@ -435,7 +412,9 @@ def create_app(service: GatewayService) -> web.Application:
 
     async def lifecycle(_: web.Application) -> Any:
         await service.start()
+        await guard.start()
         yield
+        await guard.stop()
         await service.stop()
 
     app.cleanup_ctx.append(lifecycle)

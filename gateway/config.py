@@ -8,6 +8,7 @@ field's name so the loader can prefix the full key path.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
 from admission.config import AdmissionConfig, AllocationConfig
@@ -217,6 +218,157 @@ class AutoscalingConfig:
             raise ValueError(f"link_delay_ms: must be >= 0, got {self.link_delay_ms}")
 
 
+TENANT_PATTERN = "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+"""A tenant name: what a Prometheus label and a TOML key take without quoting trouble."""
+_TENANT_RE = re.compile(TENANT_PATTERN)
+MAX_ROTATING_TOKENS = 2
+"""Admin or read tokens valid at once: the current one and the next, while rotating."""
+MAX_TENANT_KEYS = 16
+"""API keys one tenant may hold at once."""
+
+
+def check_tokens(tokens: tuple[str, ...], name: str, limit: int) -> None:
+    """ValueError naming `name` unless every token can travel as a Bearer credential and
+    there are at most `limit` (the message never quotes a token)."""
+    if len(tokens) > limit:
+        raise ValueError(f"{name}: at most {limit} at once, got {len(tokens)}")
+    for i, token in enumerate(tokens):
+        try:
+            check_token(token)
+        except ValueError as exc:
+            raise ValueError(f"{name}[{i}]: {str(exc).removeprefix('token: ')}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class TenantAccess:
+    """A tenant's API keys for POST /v1/queries and /v1/requests, and each key's limits
+    (`[tenants.NAME]` in tailgate.toml)."""
+
+    api_keys: tuple[str, ...] = field(default=(), repr=False)
+    """Keys a client of this tenant sends as `Authorization: Bearer <key>`; a query with
+    one runs as this tenant (keep keys out of shared files: prefer api_keys_file)."""
+    api_keys_file: str | None = None
+    """A file of keys, one per line (# comments): re-read when it changes and on SIGHUP."""
+    rate_per_s: float = 0.0
+    """Queries per second each key may send (a token bucket); 0: no limit."""
+    burst: int = 0
+    """Queries a key may send at once above its rate; 0: the rate rounded up, at least 1."""
+    max_in_flight: int = 0
+    """Queries of one key running at once; 0: no limit."""
+
+    def __post_init__(self) -> None:
+        check_tokens(self.api_keys, "api_keys", MAX_TENANT_KEYS)
+        if self.api_keys_file is not None and not self.api_keys_file:
+            raise ValueError("api_keys_file: must be a file path")
+        if not self.api_keys and self.api_keys_file is None:
+            raise ValueError("api_keys: give api_keys or api_keys_file")
+        if not (math.isfinite(self.rate_per_s) and self.rate_per_s >= 0):
+            raise ValueError(f"rate_per_s: must be >= 0 (0: no limit), got {self.rate_per_s}")
+        if self.burst < 0:
+            raise ValueError(f"burst: must be >= 0, got {self.burst}")
+        if self.max_in_flight < 0:
+            raise ValueError(f"max_in_flight: must be >= 0, got {self.max_in_flight}")
+
+
+READ_ROUTES = ("open", "token")
+"""`[auth] read_routes`: GET routes open to anyone, or for an admin or read token."""
+QUERY_ACCESS = ("open", "key")
+"""`[auth] queries`: queries open to anyone, or for a tenant's API key (or an admin token)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AuthConfig:
+    """Who may call which route ([auth] in tailgate.toml; gateway.auth applies it).
+
+    Write routes (POST and DELETE /v1/servers, and any route that changes state) take an
+    admin token; registration also takes the registration token (`token`). They are open
+    only while neither is set, as before this section existed.
+    """
+
+    admin_tokens: tuple[str, ...] = field(default=(), repr=False)
+    """Admin tokens (at most 2: the current and the next while rotating); every route takes
+    one. Prefer admin_tokens_file."""
+    admin_tokens_file: str | None = None
+    """A file of admin tokens, one per line (# comments), re-read when it changes and on
+    SIGHUP: rotate by writing old and new, moving clients over, then writing the new alone."""
+    read_routes: str = "open"
+    """`open`: the read-only routes (GET /v1/..., /metrics) need no credential; `token`: they
+    need an admin or read token. Probes, /openapi.json and the dashboard's files stay open."""
+    read_tokens: tuple[str, ...] = field(default=(), repr=False)
+    """Tokens for the read-only routes alone (a scraper, a dashboard proxy); at most 2."""
+    read_tokens_file: str | None = None
+    """A file of read tokens, re-read as admin_tokens_file is."""
+    queries: str | None = None
+    """`open` or `key` (a tenant's API key or an admin token); None: `key` when a tenant
+    has API keys, else `open`. A query with a key runs as the key's tenant in any case."""
+    tenants: dict[str, TenantAccess] = field(default_factory=dict)
+    """API keys and per-key limits by tenant (`[tenants.NAME]` at the top of the file)."""
+    reload_interval_s: float = 1.0
+    """How often the token and key files are checked for changes."""
+    refusal_interval_s: float = 60.0
+    """Refused requests are logged once per source and interval, with a count."""
+    refusal_sources: int = 1024
+    """Sources whose refusals are counted apart; beyond them they are counted together."""
+    slowdown_after: int = 20
+    """Refusals of one source within an interval before it is slowed down: its next
+    failing requests get 429 with a Retry-After that doubles each time, up to slowdown_max_s
+    (a right credential is always served)."""
+    slowdown_max_s: float = 60.0
+    """The longest Retry-After a failing source is given."""
+
+    def __post_init__(self) -> None:
+        check_tokens(self.admin_tokens, "admin_tokens", MAX_ROTATING_TOKENS)
+        check_tokens(self.read_tokens, "read_tokens", MAX_ROTATING_TOKENS)
+        for key in ("admin_tokens_file", "read_tokens_file"):
+            if getattr(self, key) == "":
+                raise ValueError(f"{key}: must be a file path")
+        if self.admin_tokens and self.admin_tokens_file is not None:
+            raise ValueError("admin_tokens: give admin_tokens or admin_tokens_file, not both")
+        if self.read_tokens and self.read_tokens_file is not None:
+            raise ValueError("read_tokens: give read_tokens or read_tokens_file, not both")
+        if self.read_routes not in READ_ROUTES:
+            raise ValueError(f"read_routes: must be 'open' or 'token', got {self.read_routes!r}")
+        if self.queries is not None and self.queries not in QUERY_ACCESS:
+            raise ValueError(f"queries: must be 'open' or 'key', got {self.queries!r}")
+        for name in self.tenants:
+            if not _TENANT_RE.fullmatch(name):
+                raise ValueError(
+                    f"tenants: a tenant name is 1..64 of A-Z a-z 0-9 . _ - starting with a "
+                    f"letter or digit, got {name[:80]!r}"
+                )
+        if self.read_routes == "token" and not (self.has_admin or self.has_read):
+            raise ValueError("read_routes: 'token' needs admin_tokens(_file) or read_tokens(_file)")
+        if self.queries == "key" and not (self.has_admin or self.tenants):
+            raise ValueError("queries: 'key' needs [tenants.NAME] api_keys or admin tokens")
+        if not (math.isfinite(self.reload_interval_s) and self.reload_interval_s > 0):
+            raise ValueError(f"reload_interval_s: must be > 0, got {self.reload_interval_s}")
+        if not (math.isfinite(self.refusal_interval_s) and self.refusal_interval_s > 0):
+            raise ValueError(f"refusal_interval_s: must be > 0, got {self.refusal_interval_s}")
+        if not 1 <= self.refusal_sources <= 1_000_000:
+            raise ValueError(f"refusal_sources: must be 1..1000000, got {self.refusal_sources}")
+        if self.slowdown_after < 1:
+            raise ValueError(f"slowdown_after: must be >= 1, got {self.slowdown_after}")
+        if not (math.isfinite(self.slowdown_max_s) and self.slowdown_max_s >= 1):
+            raise ValueError(f"slowdown_max_s: must be >= 1, got {self.slowdown_max_s}")
+
+    @property
+    def has_admin(self) -> bool:
+        """Whether admin tokens are configured."""
+        return bool(self.admin_tokens) or self.admin_tokens_file is not None
+
+    @property
+    def has_read(self) -> bool:
+        """Whether read tokens are configured."""
+        return bool(self.read_tokens) or self.read_tokens_file is not None
+
+    @property
+    def query_access(self) -> str:
+        """`open` or `key`: `queries`, or its default."""
+        if self.queries is not None:
+            return self.queries
+        return "key" if self.tenants else "open"
+
+
 def _default_classes() -> tuple[ClassConfig, ...]:
     return (
         ClassConfig(name="A", latency_ms=100.0, percentile=99.0, priority=0),
@@ -291,7 +443,10 @@ class GatewayConfig:
     """Fair share between tenants or classes ([allocation] in tailgate.toml)."""
     token: str | None = field(default=None, repr=False)
     """Registration token: POST and DELETE on /v1/servers need `Authorization: Bearer <token>`
-    (None: registration is open). Give it as $TAILGATE_AGENT_TOKEN or in a token file."""
+    (or an admin token; open while neither is set). Give it as $TAILGATE_AGENT_TOKEN or in a
+    token file."""
+    auth: AuthConfig = field(default_factory=AuthConfig)
+    """Admin and read tokens, tenants' API keys and refusal logging ([auth], [tenants.NAME])."""
     storage_url: str = "sqlite:///tailgate-gateway.db"
     """Where the history behind the dashboard is kept: any SQLAlchemy URL (a relative SQLite
     path is in the working directory; postgresql+psycopg://... for PostgreSQL); "" keeps it in

@@ -6,11 +6,15 @@
     │                         no field is at fault, "" for the body as a whole
     │                         (500 internal: a bug, logged)
     ├── BadRequest            400: the body or a parameter is invalid (names the field)
-    ├── Unauthorized          401: registration without the right token (WWW-Authenticate)
+    ├── Unauthorized          401: no credential, or one the gateway does not know
+    │                         (WWW-Authenticate; gateway.auth)
+    ├── Forbidden             403: a credential without the right to the route
     ├── NotFound              404
     ├── PayloadTooLarge       413
     ├── UnsupportedMediaType  415: a request body that is not application/json
     ├── SloUnreachableError   422: the SLO is below the unloaded p-th latency
+    ├── TooManyRequests       429: a failing source slowed down, or an API key over its
+    │                         limits (Retry-After)
     └── Unavailable           503: no server can take the query now (Retry-After)
 """
 
@@ -65,6 +69,13 @@ class Unauthorized(ApiError):
     code = "unauthorized"
 
 
+class Forbidden(ApiError):
+    """403."""
+
+    status = 403
+    code = "forbidden"
+
+
 class NotFound(ApiError):
     """404."""
 
@@ -91,6 +102,13 @@ class SloUnreachableError(ApiError):
 
     status = 422
     code = "slo_unreachable"
+
+
+class TooManyRequests(ApiError):
+    """429."""
+
+    status = 429
+    code = "too_many_requests"
 
 
 class Unavailable(ApiError):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateway.auth import Access, access_of
 from gateway.requests import REQUEST_BODIES
 
 _ERROR = {
@@ -229,8 +230,25 @@ _PROBE = {
     },
 }
 
-_REGISTRATION_SECURITY = [{}, {"registrationToken": []}]
-"""Open when the gateway has no token; otherwise the Bearer token is required."""
+SECURITY: dict[Access, list[dict[str, list[str]]]] = {
+    Access.READ: [{}, {"adminToken": []}, {"readToken": []}],
+    Access.QUERY: [{}, {"apiKey": []}, {"adminToken": []}],
+    Access.REGISTER: [{}, {"registrationToken": []}, {"adminToken": []}],
+    Access.ADMIN: [{}, {"adminToken": []}],
+}
+"""Each access class's credentials (gateway.auth); `{}`: open as configured ([auth]
+read_routes and queries; write routes while no registration or admin token is set)."""
+
+_AUTH_ANSWERS = {
+    "401": "no credential, a malformed one or one the gateway does not know "
+    "(WWW-Authenticate: Bearer; `field` is Authorization)",
+    "403": "a valid credential without the right to this route (a tenant's API key on a "
+    "write route, a read token on a query), or a query naming another tenant than its "
+    "key's (`field` tenant)",
+    "429": "the source keeps sending refused requests and is slowed down (code "
+    "`slowed_down`), or the API key is over its rate or in-flight limit (code "
+    "`key_limited`); Retry-After",
+}
 
 
 def _json(schema: str, description: str) -> dict[str, Any]:
@@ -285,16 +303,28 @@ _RETRY_AFTER = {"$ref": "#/components/headers/RetryAfter"}
 
 
 def _complete(paths: dict[str, Any]) -> None:
-    """Every operation with its operationId and tag, Retry-After on every 503, and the
-    internal error any of them may answer (a bug, logged)."""
+    """Every operation with its operationId and tag, its credentials and the access
+    check's answers (gateway.auth), Retry-After on every 429 and 503, and the internal
+    error any of them may answer (a bug, logged)."""
     for path, ops in paths.items():
         for method, op in ops.items():
             operation_id, tag = OPERATIONS[(method, path)]
             op["operationId"] = operation_id
             op["tags"] = [tag]
             responses = op["responses"]
-            if "503" in responses:
-                responses["503"] = {**responses["503"], "headers": {"Retry-After": _RETRY_AFTER}}
+            access = access_of(method, path)
+            if access is Access.PUBLIC:
+                op["security"] = []
+            else:
+                op["security"] = SECURITY[access]
+                for status, description in _AUTH_ANSWERS.items():
+                    responses.setdefault(status, _err(description))
+            for status in ("429", "503"):
+                if status in responses:
+                    responses[status] = {
+                        **responses[status],
+                        "headers": {"Retry-After": _RETRY_AFTER},
+                    }
             responses.setdefault("500", _err("internal error (a bug; code `internal`, logged)"))
 
 
@@ -427,7 +457,6 @@ def openapi_document() -> dict[str, Any]:
                 },
                 "post": {
                     "summary": "Register or refresh a task server",
-                    "security": _REGISTRATION_SECURITY,
                     "requestBody": {
                         "required": True,
                         "content": {
@@ -442,14 +471,12 @@ def openapi_document() -> dict[str, Any]:
                         "400": _err("invalid body"),
                         "413": _err("body too large"),
                         "415": _UNSUPPORTED,
-                        "401": _err("registration token missing or wrong (WWW-Authenticate)"),
                     },
                 },
             },
             "/v1/servers/{id}": {
                 "delete": {
                     "summary": "Deregister a task server",
-                    "security": _REGISTRATION_SECURITY,
                     "parameters": [
                         {
                             "name": "id",
@@ -468,7 +495,6 @@ def openapi_document() -> dict[str, Any]:
                     "responses": {
                         "200": {"description": "deleted"},
                         "400": _err("bad drain_s"),
-                        "401": _err("registration token missing or wrong (WWW-Authenticate)"),
                         "404": _err("no such server"),
                     },
                 }
@@ -627,8 +653,26 @@ def openapi_document() -> dict[str, Any]:
                 "registrationToken": {
                     "type": "http",
                     "scheme": "bearer",
-                    "description": "the gateway's registration token (TAILGATE_AGENT_TOKEN)",
-                }
+                    "description": "the gateway's registration token (TAILGATE_AGENT_TOKEN): "
+                    "registration and deregistration only",
+                },
+                "adminToken": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "an admin token ([auth] admin_tokens_file): every route",
+                },
+                "readToken": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "a read token ([auth] read_tokens_file): the read-only "
+                    'routes, when [auth] read_routes = "token"',
+                },
+                "apiKey": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "a tenant's API key ([tenants.NAME] api_keys_file): "
+                    "queries, run as that tenant within the key's limits",
+                },
             },
             "schemas": {
                 "Error": _ERROR,

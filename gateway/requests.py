@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gateway.config import GatewayConfig, parse_address
+from gateway.config import TENANT_PATTERN, GatewayConfig, parse_address
 from gateway.errors import BadRequest
 from gateway.stages import STAGE_RULES
 from taskserver.abc import InvalidTask
@@ -22,8 +22,6 @@ from taskserver.sensing_payload import SENSING_EXECUTOR, check_sensing_task, par
 
 CLUSTER_PATTERN = f"^{CLUSTER_NAME_RE.pattern}$"
 """What check_cluster_name accepts, as a JSON Schema pattern."""
-TENANT_PATTERN = "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
-"""A tenant name: what a Prometheus label and a TOML key take without quoting trouble."""
 _TENANT_RE = re.compile(TENANT_PATTERN)
 DEFAULT_TENANT = "default"
 """The tenant of a query that names none."""

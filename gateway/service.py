@@ -23,6 +23,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from admission import AdmissionGate, SwayamPolicy
+from gateway.auth import open_writes_warning
 from gateway.autoscaling import AutoscalerLoop, make_actuator
 from gateway.cdf import CdfBook
 from gateway.config import GatewayConfig
@@ -131,11 +132,9 @@ class GatewayService:
 
     async def start(self) -> None:
         """Register the servers named in the configuration and start the history sampler."""
-        if self.config.token is None:
-            log.warning(
-                "server registration is unauthenticated: anyone who can reach this gateway "
-                "can register or remove servers (configure a registration token)"
-            )
+        warning = open_writes_warning(self.config)
+        if warning is not None:
+            log.warning("%s", warning)
         for pool in self.config.pools:
             for entry in pool.servers:
                 await self.register(

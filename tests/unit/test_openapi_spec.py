@@ -4,8 +4,10 @@ Every route is an operation with an operationId and a tag; every 503 declares Re
 and every status a handler can answer is documented for its operation. The statuses are
 collected from the handlers' code: the ApiError classes they raise, the statuses they
 set, QUERY_STATUS where they use it, a body read (413), followed through the gateway's
-own functions they call by name. The live drive (tests/integration/test_api_answers.py)
-checks what the deeper paths (admission, targets, the query path) answer.
+own functions they call by name, plus what the access check in front of every handler may
+answer on the route (gateway.auth.ACCESS_STATUSES). The live drive
+(tests/integration/test_api_answers.py) checks what the deeper paths (admission, targets,
+the query path) answer.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 import pytest
 
 from gateway.app import QUERY_STATUS, create_app
+from gateway.auth import ACCESS_STATUSES, access_of
 from gateway.config import GatewayConfig
 from gateway.errors import ApiError
 from gateway.openapi import openapi_document
@@ -145,9 +148,14 @@ def statuses_of(func: Callable[..., Any], seen: set[Any] | None = None) -> set[i
     return out
 
 
+def answers(method: str, path: str) -> set[int]:
+    """What a route can answer: its handler's statuses and its access check's."""
+    return statuses_of(ROUTES[(method, path)]) | ACCESS_STATUSES[access_of(method, path)]
+
+
 @pytest.mark.parametrize(("method", "path"), sorted(ROUTES))
 def test_every_status_a_handler_answers_is_documented(method: str, path: str) -> None:
-    statuses = statuses_of(ROUTES[(method, path)])
+    statuses = answers(method, path)
     assert statuses, f"no status found in the handler of {method} {path}"
     documented = {int(s) for s in _operation(method, path)["responses"]}
     missing = statuses - documented
@@ -159,6 +167,8 @@ def test_the_collector_sees_what_the_query_handlers_answer() -> None:
     # 503, 504): a collector that missed any of these would let the test above pass idly.
     got = statuses_of(ROUTES[("post", "/v1/queries")])
     assert {200, 400, 413, 415, 502, 503, 504} <= got
-    assert {200, 201, 400, 401, 413, 415} <= statuses_of(ROUTES[("post", "/v1/servers")])
-    assert {200, 400, 401, 404} <= statuses_of(ROUTES[("delete", "/v1/servers/{id}")])
-    assert statuses_of(ROUTES[("get", "/readyz")]) == {200, 503}
+    assert {200, 201, 400, 401, 403, 413, 415, 429} <= answers("post", "/v1/servers")
+    assert {200, 400, 401, 403, 404, 429} <= answers("delete", "/v1/servers/{id}")
+    assert answers("get", "/readyz") == {200, 503}
+    # A query naming another tenant than its API key's is refused by the handler (403).
+    assert 403 in statuses_of(ROUTES[("post", "/v1/queries")])
