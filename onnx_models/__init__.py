@@ -7,7 +7,7 @@ Layout::
     export.py      ``python -m onnx_models.export [--out DIR] [--check]``
     models/        the exported ``<model>.onnx`` files
     spec.py        pipeline specs (PARD §5.1): modules with pres/subs, validated as a DAG
-    pipelines/     the shipped specs (traffic, live, ga, dag) and their profiles
+    pipelines/     the shipped specs (traffic, live, ga, dag, dag_dynamic) and their profiles
     profile.py     offline profiling of d_k(b) per module and batch size with onnxruntime
     pipeline_config.py  a spec and its profile -> the task server's PipelineConfig
     cli.py         the ``profile`` command

@@ -2,9 +2,10 @@
 
 ``profile PIPELINE [--batch-sizes 1,2,4] [--warmup N] [--repeats N] [--rounds N]
 [--out FILE] [--provider cpu|cuda|auto] [--threads N]``: PIPELINE is a spec file or the
-name of a shipped pipeline (traffic, live, ga, dag). It prints a table of module x batch size
-and writes the profile to ``--out`` (default: ``<pipeline>.profile.json`` in the current
-directory, so the profiles shipped beside the specs stay as they are) and prints where.
+name of a shipped pipeline (traffic, live, ga, dag, dag_dynamic). It prints a table of
+module x batch size and writes the profile to ``--out`` (default: ``<pipeline>.profile.json``
+in the current directory, so the profiles shipped beside the specs stay as they are) and
+prints where.
 A missing onnxruntime, a missing file, an invalid spec or an unavailable provider is
 reported in one line on stderr, exit status 2.
 

@@ -47,6 +47,7 @@ __all__ = [
     "ProfileEnvironment",
     "ProfileError",
     "default_profile_path",
+    "device_name",
     "load_profile",
     "profile_pipeline",
     "resolve_providers",
@@ -361,7 +362,7 @@ def profile_pipeline(
         environment=ProfileEnvironment(
             provider=provider,
             onnxruntime=ort.__version__,
-            device=_gpu_name() if provider == CUDA else _cpu_name(),
+            device=device_name(provider),
             intra_op_threads=threads,
             platform=platform.platform(),
             python=platform.python_version(),
@@ -433,6 +434,12 @@ def _random_input(rng: np.random.Generator, shape: tuple[int, ...], dtype: Any) 
 
 def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def device_name(provider: str) -> str:
+    """The device a profile taken here under `provider` records: the GPU's name under CUDA,
+    else the CPU model's."""
+    return _gpu_name() if provider == CUDA else _cpu_name()
 
 
 def _cpu_name() -> str:

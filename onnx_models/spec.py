@@ -16,9 +16,16 @@ A request enters at the single source, is split where a module has several ``sub
 merged where one has several ``pres``; PARD estimates a request's end-to-end latency as the
 maximum over the DAG's paths (`PipelineSpec.paths`).
 
+A split module may make some of its subs branches that only a share of the requests take:
+``"branches": {"3": 0.6}`` sends 60% of the requests on to module 3; subs it does not name
+are taken by every request, and it must leave at least one out. A merge then waits only for
+the branches a request took (taskserver/pipeline/routing.py says which requests take a
+branch, and how this stands in for routing by a frame's content).
+
 `load_pipeline` validates the file: known keys and types, unique ids and names, ``pres``
 and ``subs`` that agree (a in b.subs ⇔ b in a.pres), exactly one source, every module
-reachable from it, no cycle, and model files that exist. This module needs no onnxruntime.
+reachable from it, no cycle, ``branches`` that name subs of a split with shares in (0, 1),
+and model files that exist. This module needs no onnxruntime.
 
 Errors::
 
@@ -60,7 +67,17 @@ __all__ = [
 PIPELINES_DIR = Path(__file__).resolve().parent / "pipelines"
 
 _PIPELINE_KEYS = {"name", "slo_ms", "modules", "description"}
-_MODULE_KEYS = {"name", "id", "model", "pres", "subs", "batch_sizes", "input_shape", "description"}
+_MODULE_KEYS = {
+    "name",
+    "id",
+    "model",
+    "pres",
+    "subs",
+    "branches",
+    "batch_sizes",
+    "input_shape",
+    "description",
+}
 
 
 @dataclass(frozen=True)
@@ -196,6 +213,7 @@ def _parse_module(err: _Errors, raw: Any, index: str, base_dir: Path) -> ModuleC
     ascending = all(a < b for a, b in pairwise(batch_sizes))
     if not batch_sizes or batch_sizes[0] < 1 or not ascending:
         raise err(f"{where}batch_sizes: must be positive and ascending, got {list(batch_sizes)}")
+    branches = _branches(err, raw, where)
     input_shape = None
     if "input_shape" in raw:
         input_shape = _int_list(err, raw, "input_shape", where, unique=False)
@@ -210,9 +228,29 @@ def _parse_module(err: _Errors, raw: Any, index: str, base_dir: Path) -> ModuleC
             subs=tuple(str(x) for x in subs),
             batch_sizes=batch_sizes,
             input_shape=input_shape,
+            branches=branches,
         )
     except PipelineConfigError as exc:
         raise err(f"{where}{exc}") from exc
+
+
+def _branches(err: _Errors, raw: dict, where: str) -> dict[str, Any]:
+    """``branches``: an object of sub id -> share; the shares and subs are ModuleConfig's to
+    check (taskserver.pipeline.routing.check_branches)."""
+    value = raw.get("branches", {})
+    if not isinstance(value, dict):
+        raise err(f"{where}branches: must be an object of sub id -> share, got {value!r}")
+    out: dict[str, Any] = {}
+    for key, share in value.items():
+        sub = key if isinstance(key, int) and not isinstance(key, bool) else None
+        if isinstance(key, str) and key.strip().lstrip("-").isdigit():
+            sub = int(key)
+        if sub is None:
+            raise err(f"{where}branches: key {key!r} must be the id of one of its subs")
+        if str(sub) in out:
+            raise err(f"{where}branches: sub {sub} is named twice")
+        out[str(sub)] = share
+    return out
 
 
 def _check_graph(err: _Errors, modules: tuple[ModuleConfig, ...]) -> None:

@@ -71,6 +71,12 @@ def add_parser(sub: Any) -> None:
         help="leave out the TF-EDFQ+budget column (run-time budget adjustment, beyond the paper)",
     )
     p.add_argument("--workers", type=int, default=2, help="worker processes (2)")
+    p.add_argument(
+        "--fixed-workers",
+        action="store_true",
+        help="PARD experiments: keep each module's workers fixed instead of scaling them at "
+        "run time",
+    )
     p.set_defaults(func=cmd_experiment)
 
 
@@ -215,6 +221,7 @@ def cmd_experiment(args: argparse.Namespace) -> int:
             seeds=args.seeds,
             budget=not args.no_budget,
             workers=args.workers,
+            scaling=not args.fixed_workers,
         )
     except (ConfigError, ValueError, OSError) as exc:
         print(f"tailgate sim: {exc}", file=sys.stderr)

@@ -41,11 +41,20 @@ class Setup:
     duration_s: float
     scaling: ScalingConfig | None = None
     """Run-time worker scaling from `workers` on (PARD §5.1); None: `workers` stay fixed."""
+    wait_quantile: float = 0.1
+    """lambda of PARD §4.2 (the sensitivity runs vary it)."""
+    queue_window_s: float = 5.0
+    """The q_i window of PARD footnote 4 (the sensitivity runs vary it)."""
 
-    def config(self) -> SimConfig:
-        """The simulator settings of every run."""
+    def config(self, seed: int = SIM_SEED) -> SimConfig:
+        """The simulator settings of every run (`seed`: its service-time draws)."""
         return SimConfig(
-            workers=self.workers, max_batch=self.max_batch, seed=SIM_SEED, scaling=self.scaling
+            workers=self.workers,
+            max_batch=self.max_batch,
+            seed=seed,
+            scaling=self.scaling,
+            wait_quantile=self.wait_quantile,
+            queue_window_s=self.queue_window_s,
         )
 
 
@@ -55,6 +64,8 @@ class RunDigest:
 
     trace: str
     policy: str
+    seed: int
+    """Seed of the trace and of the run's service-time draws."""
     arrived: int
     on_time: int
     late: int
@@ -77,6 +88,20 @@ class RunDigest:
     """(end of second, offered requests in it, on-time completions in it)."""
     overload_periods: tuple[Period, ...] = ()
     """The periods that require dropping: the trace's offered rate above the capacity."""
+    arrived_per_s: list[int] = field(default_factory=list)
+    """Requests that arrived in each second."""
+    lost_per_s: list[int] = field(default_factory=list)
+    """Of those, the ones dropped or late (by arrival second: a transient drop rate)."""
+    capacity_per_s: list[float] = field(default_factory=list)
+    """What the pipeline could serve in each second (req/s): fixed, or as scaling moved it."""
+    workers_per_s: list[float] = field(default_factory=list)
+    """Serving workers over all modules in each second, as this run scaled them (mean of the
+    decisions in the second; the fixed count without scaling)."""
+    pipeline: str = ""
+    """The pipeline it ran."""
+    excess_share: float = 0.0
+    """The trace's offered requests above `capacity_per_s` over all offered: a share no policy
+    can serve on time (a lower bound on the drop rate, up to queueing that carries over)."""
 
     def drop_share(self, module_id: str) -> float:
         """The share of this run's drops made at a module."""

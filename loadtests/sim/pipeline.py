@@ -33,11 +33,13 @@ HBF/LBF for PARD), and `dropper.form_batch` for every batch decision. Modelling 
   or running (first such worker on ties).
 - Durations: the profile's d_k(n) times a seeded log-normal factor of mean 1 and coefficient
   of variation `duration_cv` (default 0.05); t_e uses the profiled duration, without noise.
-- DAG: a module with several ``subs`` sends the request to each (split); one with several
-  ``pres`` takes it when every branch has arrived (merge; t_r is the last arrival). A request
-  completes when every sink has finished it. A drop in one branch drops the request: its
-  sibling sub-requests leave their queues and open batches at once (already running ones run
-  to the end, and that compute is invalid).
+- DAG: a module with several ``subs`` sends the request to each (split), or, with
+  ``branches``, to the subs it takes, drawn per request from the seed and the request's index
+  with the live draw (taskserver/pipeline/routing.py), so every policy sees the same routes;
+  one with several ``pres`` takes it when every branch it took has arrived (merge; t_r is the
+  last arrival). A request completes when every sink it reaches has finished it. A drop in
+  one branch drops the request: its sibling sub-requests leave their queues and open batches
+  at once (already running ones run to the end, and that compute is invalid).
 - State exchange every `exchange_period_s` of virtual time: each module sets its batch size to
   the mean size it ran in the last period, publishes its snapshot through its StateExchange,
   every other planner merges it, and PARD-family planners refresh w_k. Messages take no time.
@@ -84,6 +86,7 @@ from taskserver.pard import (
     WorkerScaler,
     create_dropper,
 )
+from taskserver.pipeline.routing import RouteState
 from taskserver.pipeline.worker import RECHECK_SLACK_S, feasible_target
 
 __all__ = [
@@ -160,14 +163,14 @@ class PipelineRun:
 
 
 class _Req:
-    __slots__ = ("at", "dead", "index", "merge_left", "sent_s", "sinks_left")
+    __slots__ = ("at", "dead", "index", "route", "sent_s", "sinks_left")
 
-    def __init__(self, index: int, sent_s: float, sinks: int) -> None:
+    def __init__(self, index: int, sent_s: float, sinks: int, route: RouteState) -> None:
         self.index = index
         self.sent_s = sent_s
         self.sinks_left = sinks
         self.dead = False
-        self.merge_left: dict[str, int] = {}
+        self.route = route  # the branches it took, the merges it waits for
         self.at: dict[str, _Worker] = {}  # module -> worker where it is queued or collected
 
 
@@ -211,7 +214,6 @@ class _Module:
         "id",
         "max_batch",
         "planner",
-        "pres",
         "serving",
         "sizes",
         "subs",
@@ -230,7 +232,6 @@ class _Module:
         self.max_batch = 1
         self.sizes: tuple[int, ...] = (1,)  # feasible sizes up to b_k, ascending
         self.subs: tuple[str, ...] = ()
-        self.pres = 1
         self.batches = 0  # batches started since the last exchange
         self.batch_items = 0
 
@@ -272,7 +273,6 @@ class _Sim:
             mod.max_batch = self.max_batch[m]
             mod.sizes = (*(b for b in model.batch_sizes[m] if b < mod.max_batch), mod.max_batch)
             mod.subs = model.subs[m]
-            mod.pres = max(1, len(model.pres[m]))
             n = cfg.workers_of(m) if self.scaler is None else self.scaler.workers(m)[0]
             mod.workers = [_Worker(mod, i) for i in range(n)]
             mod.serving = list(mod.workers)
@@ -321,7 +321,7 @@ class _Sim:
                 else:
                     self.sample(t)
             elif i < n:
-                req = _Req(i, t_next, sinks)
+                req = _Req(i, t_next, sinks, self.model.routing.start())
                 self.metrics.arrived(i, self.model.name, self.slo_s, t_next)
                 self.in_flight += 1
                 self.deliver(req, self.model.source, t_next)
@@ -335,11 +335,6 @@ class _Sim:
         if req.dead:
             return
         mod = self.modules[module_id]
-        if mod.pres > 1:  # merge: wait for every branch
-            left = req.merge_left.get(module_id, mod.pres) - 1
-            req.merge_left[module_id] = left
-            if left > 0:
-                return
         mod.arrived += 1
         workers = mod.serving
         w = workers[0] if len(workers) == 1 else min(workers, key=_Worker.load)
@@ -424,14 +419,31 @@ class _Sim:
             mod.workers.remove(w)  # a stopped worker leaves once it has served what it held
         for r in batch:
             req: _Req = r.item
-            if req.dead:
-                continue
-            if not mod.subs:
+            if not req.dead:
+                self.forward(req, mod, now)
+
+    def forward(self, req: _Req, mod: _Module, now: float) -> None:
+        """Hand a finished request on: to the subs it takes; merges once every branch it took
+        is in (routing.py); done when every sink it reaches has finished."""
+        if not mod.subs:
+            req.sinks_left -= 1
+            if req.sinks_left == 0:
+                self.complete(req, now)
+            return
+        routing = self.model.routing
+        taken = mod.subs
+        if routing.splits(mod.id):
+            if req.route.key is None:
+                req.route.key = b"sim:%d:%d" % (self.cfg.seed, req.index)
+            taken = routing.taken(mod.id, req.route.key)
+        ready, gone = req.route.passed(mod.id, taken)
+        # A sink it never reaches counts as reached (a split takes at least one sub, so some
+        # sink is still ahead of it).
+        for module_id in gone:
+            if not self.modules[module_id].subs:
                 req.sinks_left -= 1
-                if req.sinks_left == 0:
-                    self.complete(req, now)
-            for sub in mod.subs:
-                self.deliver(req, sub, now)
+        for sub in ready:
+            self.deliver(req, sub, now)
 
     def complete(self, req: _Req, now: float) -> None:
         latency_s = now - req.sent_s

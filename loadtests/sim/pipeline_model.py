@@ -1,8 +1,9 @@
 """What the pipeline simulator runs: the module DAG with its profile, b_k, and run settings.
 
 `PipelineModel` holds one pipeline: modules (string ids, in spec order) with their ``subs`` and
-``pres``, the end-to-end SLO, each module's feasible batch sizes and the offline profile that
-gives d_k(b) (PARD §4.2, §5.1). `nexus_batch_sizes` picks the batch size b_k each module
+``pres``, the branch shares of its splits (``branches``, taskserver/pipeline/routing.py), the
+end-to-end SLO, each module's feasible batch sizes and the offline profile that gives d_k(b)
+(PARD §4.2, §5.1). `nexus_batch_sizes` picks the batch size b_k each module
 collects up to; `SimConfig` says how one run is simulated (see `loadtests.sim.pipeline`).
 """
 
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from taskserver.pard import PipelineGraph, Profile, ScalingConfig
+from taskserver.pipeline.routing import Routing
 
 __all__ = ["PipelineModel", "SimConfig", "nexus_batch_sizes"]
 
@@ -29,7 +31,9 @@ class PipelineModel:
         profile: Profile,
         batch_sizes: Mapping[str, Sequence[int]] | None = None,
         names: Mapping[str, str] | None = None,
+        branches: Mapping[str, Mapping[str, float]] | None = None,
     ) -> None:
+        """`branches`: per split module, {sub: share of requests that take it} (routing.py)."""
         if not (math.isfinite(slo_s) and slo_s > 0):
             raise ValueError(f"pipeline slo_s: must be > 0, got {slo_s!r}")
         self.name = name
@@ -58,6 +62,7 @@ class PipelineModel:
             if not b or b[0] < 1:
                 raise ValueError(f"pipeline batch_sizes[{m!r}]: need sizes >= 1, got {b!r}")
         self.names = {m: (names or {}).get(m, m) for m in self.modules}
+        self.routing = Routing(self.subs, branches)
         self._durations: dict[tuple[str, int], float] = {}
 
     @classmethod
@@ -70,6 +75,7 @@ class PipelineModel:
             profile,
             {str(m.id): m.batch_sizes for m in spec.modules},
             {str(m.id): m.name for m in spec.modules},
+            {str(m.id): dict(m.branches) for m in spec.modules if m.branches},
         )
 
     def duration_s(self, module_id: str, batch: int) -> float:

@@ -72,14 +72,25 @@ def run_experiment(
     budget: bool = True,
     quiet: bool = False,
     seeds: int = DEFAULT_SEEDS,
+    scaling: bool = True,
 ) -> Path:
-    """Run a named experiment into OUT/NAME/ and print its tables; the markdown file's path."""
+    """Run a named experiment into OUT/NAME/ and print its tables; the markdown file's path.
+
+    `scaling` False keeps a PARD experiment's workers fixed (`pard_experiments`)."""
     if name not in EXPERIMENTS:
         raise ValueError(f"experiment: unknown {name!r} (known: {', '.join(EXPERIMENTS)})")
     exp = EXPERIMENTS[name]
     if exp.pipeline:  # no scenario: the pipeline spec and profile (pard_experiments)
         return run_pipeline_experiment(
-            exp, out, data_dir, queries, apps, workers=workers, quiet=quiet
+            exp,
+            out,
+            data_dir,
+            queries,
+            apps,
+            workers=workers,
+            quiet=quiet,
+            scaling=scaling,
+            seeds=seeds,
         )
     if not 0 < tol < HIGH - LOW:
         raise ValueError(f"tol: must be in (0, {HIGH - LOW:g}), got {tol}")

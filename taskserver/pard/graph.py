@@ -5,6 +5,12 @@ Module ids are strings here; integer ids (a spec's ``id``) become their decimal 
 PARD §5.1 describes a pipeline as modules with ``pres``/``subs``; for a DAG the end-to-end
 estimate is the maximum over the paths that leave a module (§4.2). Everything the policies need
 is the set of full paths, so that is the one representation kept here.
+
+Splits that send a request down only some of their branches (``branches``, the pipeline
+runtime's routing) need nothing more here: the branches are drawn when the split module hands
+the request on, so at the split its path is not known yet and the estimate stays the maximum
+over every path that leaves it (§4.2), and after the split every path that leaves a branch
+module is one the request takes, up to the next split.
 """
 
 from __future__ import annotations

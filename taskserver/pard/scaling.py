@@ -7,8 +7,9 @@ number of workers per module based on request rate and per-worker throughput at 
 which is when dropping is needed. The paper gives no formula beyond that; the choices here:
 
 - Rate r_k: arrivals at module k in the trailing ``rate_window_s`` (default 2 s), divided by
-  that window. The shells count arrivals and hand them in at each decision (every
-  ``period_s``), stamped with the decision's time.
+  that window, or by the time since the scaler started while that is shorter (a window not
+  yet full would read as a falling rate). The shells count arrivals and hand them in at each
+  decision (every ``period_s``), stamped with the decision's time.
 - Per-worker throughput mu_k = b_k / d_k(b_k): one worker's requests per second at the batch
   size the module collects up to (the shells pass it: the largest feasible size, its d_k
   from the offline profile times the module's measured duration scale, if any).
@@ -20,8 +21,9 @@ which is when dropping is needed. The paper gives no formula beyond that; the ch
   for its session to be built and warmed); it counts towards the module's workers at once, so
   the next decision does not start it again.
 - Scale-in: to the largest number wanted over the trailing ``hold_s`` (a stabilisation
-  window): a dip shorter than the hold stops nothing. Starting workers are stopped first
-  (the newest), then ready ones.
+  window): a dip shorter than the hold stops nothing. The workers a module starts with count
+  as wanted at the start, so nothing stops within ``hold_s`` of it. Starting workers are
+  stopped first (the newest), then ready ones.
 - Cap: ``total_workers`` (the devices or cores of the host) bounds the sum over the
   pipeline's modules. When the wanted workers exceed it, free places go one at a time to the
   module with the highest load per worker r_k / (n_k mu_k) (ties: module order).
@@ -160,8 +162,10 @@ class WorkerScaler:
         modules: Sequence[str],
         *,
         initial: Mapping[str, int] | None = None,
+        start_s: float = 0.0,
     ) -> None:
-        """Start with `initial` ready workers per module (default ``min_workers``, clipped)."""
+        """Start with `initial` ready workers per module (default ``min_workers``, clipped) at
+        `start_s` (the shells' clock; `start` moves it)."""
         if not modules or len(set(modules)) != len(modules):
             raise ValueError(f"workers modules: need distinct module ids, got {list(modules)!r}")
         self.config = config
@@ -177,6 +181,15 @@ class WorkerScaler:
                 f"workers total_workers: {config.total_workers} is below the {total} workers "
                 f"the modules start with"
             )
+        self._start = 0.0
+        self.start(start_s)
+
+    def start(self, now: float) -> None:
+        """The shell starts deciding at `now`: the rate window and the scale-in hold count
+        from here, and the workers each module has now count as wanted at `now`."""
+        self._start = float(now)
+        for state in self._modules.values():
+            state.wanted = deque([(self._start, state.ready + len(state.starting))])
 
     @property
     def modules(self) -> tuple[str, ...]:
@@ -195,12 +208,14 @@ class WorkerScaler:
             self._module(module_id).arrivals.append((now, count))
 
     def rate_rps(self, module_id: str, now: float) -> float:
-        """Arrivals in (now - rate_window_s, now] over rate_window_s."""
+        """Arrivals in (now - rate_window_s, now] over rate_window_s (over the time since the
+        start while that is shorter)."""
         window = self.config.rate_window_s
         arrivals = self._module(module_id).arrivals
         while arrivals and arrivals[0][0] <= now - window:
             arrivals.popleft()
-        return sum(n for t, n in arrivals if t <= now) / window
+        span = min(window, now - self._start)
+        return sum(n for t, n in arrivals if t <= now) / (span if span > 0 else window)
 
     def workers(self, module_id: str) -> tuple[int, int]:
         """(ready, starting) workers of a module."""

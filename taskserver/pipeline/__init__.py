@@ -11,6 +11,8 @@ Layout, one idea a file:
 - ``config``    PipelineConfig, ModuleConfig, PardKnobs, TableProfile: plain data, validated
 - ``sessions``  ModelRunner protocol; OnnxModel: one InferenceSession, CUDA when available
 - ``tensors``   payload format, how inputs chain between modules, result summaries
+- ``routing``   which subs of a split a request takes (``branches``), merges that wait for
+                the branches it took, when it has reached every end
 - ``flight``    one request in flight: where it is, its per-module timings
 - ``worker``    ModuleWorker: DEPQ, decision at t_b, batch size rule, model thread
 - ``executor``  PipelineExecutor: routing (split/merge), state exchange, metrics, results
@@ -48,6 +50,7 @@ from taskserver.pipeline.errors import (
 )
 from taskserver.pipeline.executor import CANCELLED, FAILED, PipelineExecutor
 from taskserver.pipeline.flight import BatchRecord, ModuleTiming
+from taskserver.pipeline.routing import RouteState, Routing, branch_draw, route_key
 from taskserver.pipeline.sessions import (
     ModelRunner,
     OnnxModel,
@@ -86,12 +89,16 @@ __all__ = [
     "PipelineExecutor",
     "Region",
     "RequestInput",
+    "RouteState",
+    "Routing",
     "TableProfile",
+    "branch_draw",
     "default_intra_op_threads",
     "detection_region",
     "feasible_target",
     "fit_input",
     "parse_payload",
     "resolve_providers",
+    "route_key",
     "summarize_output",
 ]

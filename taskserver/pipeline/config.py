@@ -23,6 +23,7 @@ import numpy as np
 
 from taskserver.pard import PipelineGraph, PriorityConfig, Profile, ScalingConfig
 from taskserver.pipeline.errors import PipelineConfigError
+from taskserver.pipeline.routing import Routing, check_branches
 
 __all__ = [
     "DEFAULT_BATCH_SIZES",
@@ -108,7 +109,8 @@ class ModuleConfig:
     pres: tuple[str, ...] = ()
     """Upstream module ids; a module with several waits for all of them (merge)."""
     subs: tuple[str, ...] = ()
-    """Downstream module ids; every one of them gets this module's output (split)."""
+    """Downstream module ids; each gets this module's output (split), unless `branches`
+    makes it a branch that only some requests take."""
     batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES
     """Feasible batch sizes, ascending; the profile must cover each."""
     input_shape: tuple[int, ...] | None = None
@@ -118,6 +120,10 @@ class ModuleConfig:
     roi_output: bool | None = None
     """Output rows are detections (cx, cy, w, h, score, ...) whose best box its subs crop;
     None: when the model's first output is named ``detections``."""
+    branches: tuple[tuple[str, float], ...] = ()
+    """Branch shares of a split: (sub id, share of requests that take that branch) pairs,
+    also given as a mapping ``{sub_id: share}``; subs not named are taken by every request
+    (routing.py); (): every request takes every sub."""
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -130,6 +136,18 @@ class ModuleConfig:
             if isinstance(value, str | bytes) or not hasattr(value, "__iter__"):
                 raise PipelineConfigError(f"module {self.id} {key}: must be a list, got {value!r}")
             set_(self, key, tuple(str(v) for v in value))
+        branches = self.branches
+        try:
+            if isinstance(branches, str | bytes):
+                raise TypeError(branches)
+            shares = {str(sub): share for sub, share in dict(branches).items()}
+        except (TypeError, ValueError):
+            raise PipelineConfigError(
+                f"module {self.id} branches: must map sub ids to shares, got {branches!r}"
+            ) from None
+        if len(shares) != len(branches):
+            raise PipelineConfigError(f"module {self.id} branches: a sub is named twice")
+        set_(self, "branches", check_branches(self.id, self.subs, shares))
         sizes = tuple(self.batch_sizes)
         if not sizes or not all(_positive_int(b) for b in sizes):
             raise PipelineConfigError(
@@ -323,6 +341,12 @@ class ModuleGraph:
     def graph(self) -> PipelineGraph:
         """The module graph as PARD's core sees it."""
         return PipelineGraph.from_subs({m.id: m.subs for m in self.modules})
+
+    def routing(self) -> Routing:
+        """Which subs each request takes and when merges run (routing.py)."""
+        return Routing(
+            {m.id: m.subs for m in self.modules}, {m.id: dict(m.branches) for m in self.modules}
+        )
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,11 @@
 """PipelineExecutor: a multi-model ONNX pipeline behind the task server's Executor interface.
 
 One ModuleWorker per module (queue, PARD decision, dynamic batching, model thread), routed
-along the pipeline's DAG: an output goes to every sub (split); a sub with several pres waits
-for all of them (merge, tensors.py). A request carries one id through every branch, so a drop
-or a cancellation anywhere takes it out of every queue at once and discards what its other
+along the pipeline's DAG: an output goes to every sub (split), or, at a module with
+``branches``, to the subs this request takes; a sub with several pres waits for every branch
+the request took (merge, routing.py, tensors.py). A request completes when every sink it
+reaches has finished. A request carries one id through every branch, so a drop or a
+cancellation anywhere takes it out of every queue at once and discards what its other
 branches still compute.
 
 Stages (``PipelineConfig.local`` / ``peers``): a pipeline may be split across task servers,
@@ -11,7 +13,9 @@ each running one stage (a connected group of modules with one entry). Where a lo
 sub runs elsewhere, the request is handed on (remote.py) once all of that sub's pres are done
 here, and counts as one of this request's ends until the later stage answers; its outputs
 and module timings join this stage's result, and a drop there fails the request here at
-once. Payloads with ``entry`` are hand-offs from the stage before.
+once. Payloads with ``entry`` are hand-offs from the stage before; with ``branches``, a
+hand-off enters only the modules the request took, and a later stage none of whose entry
+modules it took is not one of its ends.
 
 State exchange (PARD §4.1 ②): modules in this process merge each other's snapshots
 directly; the states of modules in later stages arrive through each PeerLink's poll (at
@@ -89,6 +93,7 @@ from taskserver.pipeline.errors import (
 )
 from taskserver.pipeline.flight import BatchRecord, Flight
 from taskserver.pipeline.remote import PeerLink, PeerResult, PeerUnavailable, encode_states
+from taskserver.pipeline.routing import route_key
 from taskserver.pipeline.sessions import (
     ModelRunner,
     OnnxModel,
@@ -244,6 +249,11 @@ class PipelineExecutor(Executor):
             )
         self._peer_of = dict(config.peers)  # module id -> address of its stage
         self._ends = sum(1 for m in local if not m.subs) + len(self.peers)
+        self.routing = config.routing()
+        self._local_sinks = {m.id for m in local if not m.subs}
+        self._peer_entries: dict[str, set[str]] = {}  # address -> the modules it is entered at
+        for mid, address in self._peer_of.items():
+            self._peer_entries.setdefault(address, set()).add(mid)
         self._exchanges = {m.id: StateExchange(knobs.exchange_period_s) for m in local}
         self._published: dict[str, ModuleState] = {}  # last state each local module published
         self._learnt: dict[str, ModuleState] = {}  # states from later stages
@@ -275,10 +285,13 @@ class PipelineExecutor(Executor):
         else:
             request = parse_payload(payload)
         entries = self._entries
-        if request.entries is not None and set(request.entries) != set(entries):
+        given = entries if request.entries is None else tuple(request.entries)
+        # With branches, a hand-off enters only the modules the request took.
+        fits = set(given) <= set(entries) if self.routing.routed else set(given) == set(entries)
+        if not fits:
             raise BadPayload(
                 f"payload: entries: this stage of pipeline {self.config.name!r} is entered at "
-                f"modules {list(entries)}, not {sorted(request.entries)}"
+                f"modules {list(entries)}, not {sorted(given)}"
             )
         if request.entries is None and not self._starts_here:
             raise BadPayload(
@@ -287,8 +300,8 @@ class PipelineExecutor(Executor):
             )
         loop = self._start()
         now = self.clock()
-        given = [b for b in (request.budget_ms, budget_ms) if b is not None]
-        budget_ms = min(given) if given else self.config.slo_ms
+        budgets = [b for b in (request.budget_ms, budget_ms) if b is not None]
+        budget_ms = min(budgets) if budgets else self.config.slo_ms
         flight = Flight(
             request_id=next(self._ids),
             request=request,
@@ -296,15 +309,19 @@ class PipelineExecutor(Executor):
             received_s=now,
             future=loop.create_future(),
             sinks_left=self._ends,
+            route=self.routing.start(),
         )
         self._flights[flight.request_id] = flight
         self.metrics.arrived(flight.request_id, self.config.name, flight.budget_s, now)
         if request.entries is not None:  # a hand-off: the frame as the source saw it
             flight.frame = request.array
             flight.regions.update(request.entries)
+            skipped = [e for e in entries if e not in request.entries]
+            if skipped:  # branches the request did not take: never reached here either
+                self._skip_ends(flight, flight.route.skip(skipped)[1], now)
         else:
             flight.regions[entries[0]] = FULL_REGION
-        for entry in entries:
+        for entry in given:
             self.workers[entry].submit(flight, now)
         try:
             await flight.future
@@ -356,7 +373,8 @@ class PipelineExecutor(Executor):
         self.metrics.batch_executed(module.id, ids, exec_s, now)
 
     def forward(self, flight: Flight, module: ModuleConfig, output: np.ndarray, now: float) -> None:
-        """Pass `module`'s output on: to every sub (split), merging where a sub has several pres."""
+        """Pass `module`'s output on: to every sub it takes (split; all but the branches this
+        request skips), merging where a sub has several pres once every branch taken is in."""
         region = flight.regions[module.id]
         if self.workers[module.id].roi_output:
             region = detection_region(output, region)
@@ -365,21 +383,42 @@ class PipelineExecutor(Executor):
             flight.outputs[module.id] = output
             self._end_reached(flight, now)
             return
+        route = flight.route
+        taken = module.subs
+        if self.routing.splits(module.id):  # decided now, from the request's identity
+            if route.key is None:
+                route.key = route_key(flight.request)
+            taken = self.routing.taken(module.id, route.key)
+        ready, gone = route.passed(module.id, taken)
         handoffs: dict[str, dict[str, Region]] = {}
-        for sub_id in module.subs:
+        for sub_id in ready:
             pres = self.config.module(sub_id).pres
-            if len(pres) > 1:
-                if any(p not in flight.passed for p in pres):
-                    continue  # the merge waits for its other branches
-                flight.regions[sub_id] = union_region([flight.passed[p] for p in pres])
+            if len(pres) > 1:  # a merge: the regions of the branches that reached it
+                sent = route.senders(sub_id)
+                flight.regions[sub_id] = union_region([flight.passed[p] for p in pres if p in sent])
             else:
-                flight.regions[sub_id] = region
+                flight.regions[sub_id] = flight.passed[pres[0]]
             if sub_id in self._peer_of:  # subs bound for one stage get ready together
                 handoffs.setdefault(self._peer_of[sub_id], {})[sub_id] = flight.regions[sub_id]
             else:
                 self.workers[sub_id].submit(flight, now)
         for address, entries in handoffs.items():
             self._hand_off(flight, self.peers[address], entries, now)
+        if gone:
+            self._skip_ends(flight, gone, now)
+
+    def _skip_ends(self, flight: Flight, gone: list[str], now: float) -> None:
+        """Ends the request will never reach (`gone`: modules it no longer reaches) count as
+        reached: local sinks, and later stages none of whose entry modules it takes."""
+        stages = set()
+        for module_id in gone:
+            if module_id in self._local_sinks:
+                self._end_reached(flight, now)
+            elif module_id in self._peer_of:
+                stages.add(self._peer_of[module_id])
+        for address in stages:
+            if self._peer_entries[address] <= flight.route.unreached:
+                self._end_reached(flight, now)
 
     def _end_reached(self, flight: Flight, now: float) -> None:
         flight.sinks_left -= 1
@@ -478,11 +517,13 @@ class PipelineExecutor(Executor):
         summary = self.metrics.pipeline(self.config.name, now)
         drops = {m: n for m, n in summary.drops_by_module.items() if m not in (CANCELLED, FAILED)}
         modules: dict[str, Any] = {}
-        decide_s = 0.0
+        decide_ns = 0
         decided = 0
+        calls = 0
         for mid, w in self.workers.items():
-            decide_s += w.decide_s
+            decide_ns += w.decide_ns
             decided += w.decided
+            calls += w.decide_calls
             module = self.metrics.module(mid)
             modules[mid] = {
                 "name": w.module.name,
@@ -514,6 +555,9 @@ class PipelineExecutor(Executor):
                 "invalid_rate": module.invalid_rate,
                 "compute_s": module.compute_s,
                 "invalid_s": module.invalid_s,
+                # PARD decision time at this module (push, context, form_batch, recheck)
+                "decide_s": w.decide_s,
+                "decisions": w.decided,
             }
         return {
             "pipeline": self.config.name,
@@ -543,8 +587,9 @@ class PipelineExecutor(Executor):
             "modules": modules,
             "scheduling": {
                 "decisions": decided,
-                "decide_s": decide_s,
-                "decide_us_per_decision": decide_s / decided * 1e6 if decided else 0.0,
+                "decide_calls": calls,
+                "decide_s": decide_ns / 1e9,
+                "decide_us_per_decision": decide_ns / decided / 1e3 if decided else 0.0,
                 "exchange_s": self.exchange_s,
             },
         }
@@ -570,6 +615,7 @@ class PipelineExecutor(Executor):
 
     async def _scale_loop(self) -> None:
         assert self.scaler is not None
+        self.scaler.start(self.clock())
         while True:
             await asyncio.sleep(self.scaler.config.period_s)
             self.scale(self.clock())

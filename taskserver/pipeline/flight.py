@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from taskserver.pipeline.routing import RouteState
 from taskserver.pipeline.tensors import Region, RequestInput, fit_input
 
 __all__ = ["BatchRecord", "Flight", "ModuleTiming"]
@@ -65,7 +66,8 @@ class Flight:
     budget_s: float  # the remaining end-to-end budget it arrived with
     received_s: float
     future: asyncio.Future[None]
-    sinks_left: int
+    sinks_left: int  # ends not yet reached: local sinks and later stages (routing.py)
+    route: RouteState  # the branches it took, the merges it waits for
     alive: bool = True  # False once completed, dropped, failed or cancelled
     frame: np.ndarray | None = None  # the source module's input, built in its thread
     regions: dict[str, Region] = field(default_factory=dict)  # module -> input region

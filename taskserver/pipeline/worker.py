@@ -37,7 +37,7 @@ import functools
 import logging
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
@@ -168,8 +168,13 @@ class ModuleWorker:
         self.exec_s = 0.0  # model time alone
         self.profiled_s = 0.0  # what the profile said those batches would take: d_k(target)
         self.duration_scale = 1.0  # EWMA of measured / profiled batch time (adapt_durations)
-        self.decide_s = 0.0  # push + form_batch (PARD decision and DEPQ), on the loop
-        self.decided = 0
+        # PARD decision cost on the loop: DEPQ push, planner context, form_batch / decide
+        self.decide_ns = 0
+        self.decided = 0  # requests decided (a recheck decides one again)
+        self.decide_calls = 0  # timed calls (push, collect, recheck)
+        self.decide_ns_by_request: dict[int, int] | None = None
+        """Opt-in (a replay sets a dict): decision ns per request id, each call's time shared
+        equally by the requests it decided. None: not kept."""
         self.history: deque[BatchRecord] = deque(maxlen=_HISTORY)
 
     def warm_up(self) -> float | None:
@@ -189,6 +194,24 @@ class ModuleWorker:
     def id(self) -> str:
         """The module id."""
         return self.module.id
+
+    @property
+    def decide_s(self) -> float:
+        """Seconds spent in PARD decisions (``decide_ns``)."""
+        return self.decide_ns / 1e9
+
+    def _charge(self, ns: int, *decided: Sequence[tuple[PipelineRequest, object]]) -> None:
+        """Account one timed decision call of `ns` over the (request, decision) it made."""
+        self.decide_ns += ns
+        self.decide_calls += 1
+        by_request = self.decide_ns_by_request
+        if by_request is None:
+            return
+        count = sum(len(group) for group in decided)
+        for group in decided:
+            for request, _ in group:
+                rid = request.request_id
+                by_request[rid] = by_request.get(rid, 0) + ns // count
 
     @property
     def _running(self) -> asyncio.Future | None:
@@ -238,9 +261,9 @@ class ModuleWorker:
         request = PipelineRequest(
             flight.request_id, flight.deadline_s, flight.budget_s, now, item=flight
         )
-        start = time.perf_counter()
+        start = time.perf_counter_ns()
         self.queue.push(request, now)
-        self.decide_s += time.perf_counter() - start
+        self._charge(time.perf_counter_ns() - start, ((request, None),))
         flight.timings[self.id] = ModuleTiming(received_s=now)
         flight.where.add(self.id)
         self.arrivals += 1
@@ -306,14 +329,14 @@ class ModuleWorker:
         now = self.clock()
         busy = [r.end_s for r in self.replicas if r.future is not None]
         expected_start = min(busy) if len(busy) == len(self.replicas) else now
+        start = time.perf_counter_ns()
         context = self.planner.context(max(expected_start, now), target)
-        start = time.perf_counter()
         plan = self.dropper.form_batch(self.queue, context, now, room)
         if self._records:
             for request, _ in plan.admitted:
                 self.planner.record_queue_delay(now - request.received_s, now)
                 self.planner.record_batch_wait(context.expected_start_s - now, context.duration_s)
-        self.decide_s += time.perf_counter() - start
+        self._charge(time.perf_counter_ns() - start, plan.admitted, plan.dropped)
         self.decided += len(plan.admitted) + len(plan.dropped)
         for request, _ in plan.admitted:
             self._open[request.request_id] = (request, target, context.expected_start_s)
@@ -338,10 +361,10 @@ class ModuleWorker:
         stale = [r for r, size, t_e in self._open.values() if size < target or t_e < late]
         if not stale:
             return
+        start = time.perf_counter_ns()
         context = self.planner.context(now, target)
-        start = time.perf_counter()
         decisions = [(r, self.dropper.decide(r, context, now)) for r in stale]
-        self.decide_s += time.perf_counter() - start
+        self._charge(time.perf_counter_ns() - start, decisions)
         self.decided += len(decisions)
         for request, decision in decisions:
             if decision.admit:

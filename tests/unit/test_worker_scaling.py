@@ -157,3 +157,31 @@ def test_a_throughput_that_is_not_positive_is_refused():
     scaler = make_scaler()
     with pytest.raises(ValueError, match=r"worker_rps: must be a finite number > 0, got 0.0"):
         scaler.decide(1.0, {"1": 0.0})
+
+
+def test_a_window_not_yet_full_reads_the_rate_over_the_time_since_the_start() -> None:
+    scaler = make_scaler()
+    scaler.record_arrivals("1", 40, 0.5)  # 80 req/s over the first half second
+    assert scaler.rate_rps("1", 0.5) == pytest.approx(80.0)  # not 40 / 2 s = 20
+    scaler.record_arrivals("1", 40, 1.0)
+    assert scaler.rate_rps("1", 1.0) == pytest.approx(80.0)
+    scaler.record_arrivals("1", 80, 2.0)
+    assert scaler.rate_rps("1", 2.0) == pytest.approx(80.0)  # the full window from here
+    late = WorkerScaler(scaler.config, ["1"], start_s=100.0)
+    late.record_arrivals("1", 40, 100.5)
+    assert late.rate_rps("1", 100.5) == pytest.approx(80.0)
+
+
+def test_the_starting_workers_are_held_for_the_hold_after_the_start() -> None:
+    config = ScalingConfig(max_workers=4, hold_s=10.0, rate_window_s=2.0)
+    scaler = WorkerScaler(config, ["1"], initial={"1": 3})
+    for i in range(1, 20):  # a quiet start: one worker would do
+        d = scaler.decide(i * 0.5, MU).of("1")
+        assert (d.stop, d.ready) == (0, 3), i
+    d = scaler.decide(10.5, MU).of("1")
+    assert d.stop == 2 and d.ready == 1  # the hold has passed
+    # a shell that starts deciding later moves the start: the hold counts from there
+    again = WorkerScaler(config, ["1"], initial={"1": 3})
+    again.start(50.0)
+    assert again.decide(55.0, MU).of("1").stop == 0
+    assert again.decide(60.5, MU).of("1").stop == 2

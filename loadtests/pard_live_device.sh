@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# PARD live beside the simulator on a many-core host with an NVIDIA GPU: the CPU runs of the
+# traffic and live pipelines with run-time worker scaling, on profiles taken on this host, and
+# one short CUDA run of traffic with worker scaling. Run on purpose, from the repository root,
+# on a machine with onnxruntime-gpu installed (no network needed):
+#
+#   bash loadtests/pard_live_device.sh OUTDIR
+#
+# 1. The host: cores, GPU, onnxruntime's providers (OUTDIR/host.txt).
+# 2. `python -m onnx_models profile PIPELINE --provider cpu` for traffic and live: d_k(b) on
+#    this host's CPU, one intra-op thread (as the live sessions run), into OUTDIR.
+# 3. `python -m loadtests.pard_live --workers auto --profile OUTDIR/PIPELINE.cpu.profile.json`
+#    for traffic (bursty trace) and live (tweet, the same shape by the paper's name) under
+#    pard, nexus, clipper++ and none (traffic also pard@profile: PARD with the profile's d_k
+#    alone, exactly the simulator's setting); each writes OUTDIR/PIPELINE-TRACE/ (pard-live.md, CSV,
+#    PNG) and its console to OUTDIR/PIPELINE-TRACE.log. The verdict per policy is in the
+#    side-by-side table: PASS/FAIL (live within 10% of the simulator), or INVALID when the
+#    driver could not keep to the trace.
+# 4. A CUDA profile of traffic, then a short CUDA run with --workers auto (pard, nexus): new
+#    CUDA sessions built and warmed at run time as the scaler starts workers. A GPU serves the
+#    trace's rate with one worker, so the headroom is raised until the scaler wants about
+#    three workers for the busiest module at the mean rate (the simulator side runs the same
+#    settings). Written to OUTDIR/traffic-cuda/.
+#
+# About 6-7 minutes in all. LIVE_S (20), CUDA_S (15), LOAD (0.8: the mean rate over what the
+# scaled-out pipeline serves), REPEATS (20) and CUDA_RATE (400 req/s) change the sizes;
+# CUDA=0 skips step 4 (a dry run on a host without a GPU); BUDGET_S (470) bounds the whole.
+# Exits non-zero when a step failed; the later steps run anyway.
+set -uo pipefail
+OUTDIR=${1:?usage: bash loadtests/pard_live_device.sh OUTDIR}
+mkdir -p "$OUTDIR"
+PY=${PYTHON:-python3}
+[[ $PY == */* ]] && PY="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+LIVE_S=${LIVE_S:-20}
+CUDA_S=${CUDA_S:-15}
+LOAD=${LOAD:-0.8}
+REPEATS=${REPEATS:-20}
+CUDA_RATE=${CUDA_RATE:-400}
+BUDGET_S=${BUDGET_S:-470}
+status=0
+step() { echo "== $*  ($SECONDS s in)"; }
+# A step's time limit: its own, or what is left of BUDGET_S if less (a hung step cannot
+# take the whole run with it; what the earlier steps wrote stays).
+cap() {
+    local left=$((BUDGET_S - SECONDS))
+    ((left < 10)) && left=10
+    echo $(($1 < left ? $1 : left))
+}
+
+step "1. host"
+{
+    echo "cores usable: $("$PY" -c 'import os; print(len(os.sched_getaffinity(0)))')"
+    grep -m1 "model name" /proc/cpuinfo || true
+    nvidia-smi -L || true
+    "$PY" -c 'import onnxruntime as o, platform
+print("onnxruntime", o.__version__, o.get_available_providers(), platform.python_version())'
+} 2>&1 | tee "$OUTDIR/host.txt"
+
+step "2. profiles on this host's CPU"
+for p in traffic live; do
+    timeout "$(cap 90)" "$PY" -m onnx_models profile "$p" --provider cpu --threads 1 \
+        --repeats "$REPEATS" --warmup 5 --out "$OUTDIR/$p.cpu.profile.json" \
+        >"$OUTDIR/$p.cpu.profile.txt" 2>&1 || { echo "profile $p failed"; status=1; }
+    tail -n 25 "$OUTDIR/$p.cpu.profile.txt"
+done
+
+step "3. live vs simulator on the CPU, worker scaling"
+runs=(
+    "traffic bursty pard,pard@profile,nexus,clipper++,none"
+    "live tweet pard,nexus,clipper++,none"
+)
+for run in "${runs[@]}"; do
+    read -r p t droppers <<<"$run"
+    timeout "$(cap 170)" "$PY" -m loadtests.pard_live --pipeline "$p" --trace "$t" --workers auto \
+        --profile "$OUTDIR/$p.cpu.profile.json" --providers cpu --load "$LOAD" \
+        --seconds "$LIVE_S" --droppers "$droppers" --out "$OUTDIR/$p-$t" \
+        >"$OUTDIR/$p-$t.log" 2>&1 || { echo "pard_live $p $t failed"; status=1; }
+    grep -E "^(pard|nexus|clipper|none|WARNING|  - )" "$OUTDIR/$p-$t.log" || tail -n 20 "$OUTDIR/$p-$t.log"
+done
+
+if [[ ${CUDA:-1} != 0 ]]; then
+    step "4. CUDA: traffic with worker scaling"
+    timeout "$(cap 90)" "$PY" -m onnx_models profile traffic --provider cuda --repeats "$REPEATS" \
+        --warmup 5 --out "$OUTDIR/traffic.cuda.profile.json" \
+        >"$OUTDIR/traffic.cuda.profile.txt" 2>&1 || { echo "cuda profile failed"; status=1; }
+    tail -n 25 "$OUTDIR/traffic.cuda.profile.txt"
+    headroom=$("$PY" - "$OUTDIR/traffic.cuda.profile.json" "$CUDA_RATE" <<'EOF'
+import sys
+from loadtests.pard_live import plan_live
+rate = float(sys.argv[2])
+setup = plan_live("traffic", profile=sys.argv[1], providers="cuda", rate_rps=rate)
+# ceil(rate / mu x headroom) = 3 workers for the module of least throughput mu
+print(round(max(1.0, 3.0 * min(setup.worker_rps.values()) / rate * 0.99), 2))
+EOF
+    ) || { echo "cuda setup failed"; status=1; headroom=1.2; }
+    echo "headroom $headroom at $CUDA_RATE req/s"
+    # a CUDA worker builds and warms one session per feasible batch size: a longer cold start
+    timeout "$(cap 120)" "$PY" -m loadtests.pard_live --pipeline traffic --trace bursty --workers auto \
+        --profile "$OUTDIR/traffic.cuda.profile.json" --providers cuda --rate "$CUDA_RATE" \
+        --headroom "$headroom" --cold-start-s 4 --seconds "$CUDA_S" --droppers pard,nexus \
+        --out "$OUTDIR/traffic-cuda" >"$OUTDIR/traffic-cuda.log" 2>&1 \
+        || { echo "pard_live cuda failed"; status=1; }
+    grep -E "^(pard|nexus|WARNING|  - )" "$OUTDIR/traffic-cuda.log" || tail -n 20 "$OUTDIR/traffic-cuda.log"
+    # onnxruntime falls back to the CPU silently when CUDA cannot load: the report names
+    # the provider the live sessions ran on
+    grep -q "CUDAExecutionProvider |" "$OUTDIR/traffic-cuda/pard-live.md" 2>/dev/null \
+        || { echo "the live sessions did not run on CUDA"; status=1; }
+fi
+
+step "done (status $status)"
+for md in "$OUTDIR"/*/pard-live.md; do
+    [[ -f $md ]] && { echo "--- $md"; sed -n '/## Side by side/,/## Per module/p' "$md"; }
+done
+exit "$status"
