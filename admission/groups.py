@@ -72,11 +72,17 @@ class ArrivalRates:
         return len(self._counts)
 
 
+MAX_COST_BUCKET = 1022
+"""The last cost bucket, [2^1022, 2^1023): it takes every larger cost too, so that both
+bounds of every bucket are finite floats (2.0 ** 1024 overflows)."""
+
+
 def cost_bucket(cost: float) -> int:
-    """A query's cost bucket: k with 2^k <= cost < 2^(k+1) (cost in ms of server time)."""
+    """A query's cost bucket: k with 2^k <= cost < 2^(k+1) (cost in ms of server time), at
+    most MAX_COST_BUCKET."""
     if not (cost > 0 and math.isfinite(cost)):
         raise PolicyValueError(f"query cost: must be > 0 and finite, got {cost!r}")
-    return math.floor(math.log2(cost))
+    return min(math.floor(math.log2(cost)), MAX_COST_BUCKET)
 
 
 @dataclass(slots=True)

@@ -163,6 +163,44 @@ def _add_service_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, help="seed of the service-time draws")
 
 
+def _add_tls_args(p: argparse.ArgumentParser, *, server: bool = True) -> None:
+    """--tls-* options: this process's certificate and the cluster's CA ([tls] of the config,
+    file by file); for a server, TLS on its Thrift port and what it asks of the gateway."""
+    g = p.add_argument_group("TLS (README: TLS)")
+    g.add_argument("--tls-cert", metavar="FILE", help="this process's certificate (PEM)")
+    g.add_argument("--tls-key", metavar="FILE", help="its private key (PEM)")
+    g.add_argument(
+        "--tls-ca", metavar="FILE", help="the CA that peers' certificates must come from (PEM)"
+    )
+    if not server:
+        return
+    g.add_argument(
+        "--tls-links",
+        action="store_true",
+        default=None,
+        help="serve the Thrift port with TLS (the gateway's [tls] links = true)",
+    )
+    g.add_argument(
+        "--tls-client-auth",
+        choices=["none", "optional", "required"],
+        help="required: refuse a gateway without a certificate from --tls-ca (mutual TLS)",
+    )
+
+
+def _tls_options(args: argparse.Namespace, tls: Any) -> Any:
+    """[tls] with the --tls-* options on top; ValueError naming the option."""
+    from taskserver.tls import with_tls_options
+
+    return with_tls_options(
+        tls,
+        cert=args.tls_cert,
+        key=args.tls_key,
+        ca=args.tls_ca,
+        links=getattr(args, "tls_links", None),
+        client_auth=getattr(args, "tls_client_auth", None),
+    )
+
+
 def _exit_with_parent() -> None:
     """Ask Linux to SIGTERM this process when its parent dies (no orphaned servers)."""
     import ctypes
@@ -215,6 +253,7 @@ def cmd_taskserver(args: argparse.Namespace) -> int:
             changes[name] = value
     try:
         changes["service"] = _service_overrides(args, cfg.service)
+        changes["tls"] = _tls_options(args, cfg.tls)
         cfg = dataclasses.replace(cfg, **changes)
         make_distribution(cfg.service)
     except (ValueError, OSError) as exc:
@@ -464,7 +503,12 @@ def cmd_edge_agent_seed(args: argparse.Namespace) -> int:
             )
         sensors = parse_sensors(args.sensors)
         result = seed_store(
-            args.db, months=args.months, interval_s=int(interval_s), seed=args.seed, sensors=sensors
+            args.db,
+            months=args.months,
+            interval_s=int(interval_s),
+            seed=args.seed,
+            sensors=sensors,
+            init=args.init_store,
         )
     except AgentConfigError as exc:
         print(f"tailgate edge-agent seed: {exc}", file=sys.stderr)
@@ -485,9 +529,31 @@ def cmd_edge_agent_seed(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_edge_agent_salvage(args: argparse.Namespace) -> int:
+    """Copy the readable readings of a damaged store into a new one; print what it did."""
+    from edge_agent.salvage import salvage_store
+    from edge_agent.store import StoreError
+
+    try:
+        result = salvage_store(args.source, args.db, init=args.init_store)
+    except StoreError as exc:
+        print(f"tailgate edge-agent salvage: {exc}", file=sys.stderr)
+        return 1
+    skipped = ", ".join(f"{name} {lo}..{hi}" for name, lo, hi in result.skipped[:10])
+    more = f" (+{len(result.skipped) - 10} more)" if len(result.skipped) > 10 else ""
+    print(
+        f"salvaged {result.readings} readings of {', '.join(result.sensors) or 'no sensor'} "
+        f"from {args.source} into {args.db}; "
+        f"{len(result.skipped)} unreadable stretches skipped{': ' if skipped else ''}"
+        f"{skipped}{more}",
+        flush=True,
+    )
+    return 0
+
+
 def _add_edge_agent_parser(sub: Any) -> None:
     """`tailgate edge-agent run|seed`; values are checked by edge_agent.config (exit 2)."""
-    p = sub.add_parser("edge-agent", help="a Raspberry-Pi sensing agent: run, seed")
+    p = sub.add_parser("edge-agent", help="a Raspberry-Pi sensing agent: run, seed, salvage")
     edge = p.add_subparsers(dest="edge_command", required=True)
     r = edge.add_parser("run", help="serve sensing tasks from the local sensor store")
     r.add_argument("--id", required=True, help="agent id the gateway knows it by")
@@ -506,6 +572,13 @@ def _add_edge_agent_parser(sub: Any) -> None:
     r.add_argument("--advertise", help="host:port the gateway should dial (default: bound)")
     r.add_argument("--pool", help="gateway pool (edge)")
     r.add_argument("--db", help="store file or SQLAlchemy URL (edge-agent-ID.db)")
+    r.add_argument(
+        "--init-store",
+        action="store_true",
+        default=None,
+        help="start a new, empty store in an empty (0-byte) store file; without it such a "
+        "file is refused, as a truncated store would lose the agent's history silently",
+    )
     r.add_argument("--reader", help="simulated (default), iio or command")
     r.add_argument("--sensors", help="simulated reader: sensors (temperature,humidity)")
     r.add_argument("--iio-device", help="iio reader: device dir (/sys/bus/iio/devices/...)")
@@ -543,14 +616,32 @@ def _add_edge_agent_parser(sub: Any) -> None:
         action="store_true",
         help="stop when the process that started this one dies (Linux)",
     )
+    _add_tls_args(r)
     r.set_defaults(func=cmd_edge_agent_run)
     s = edge.add_parser("seed", help="backfill a store with simulated readings")
     s.add_argument("--db", required=True, help="store file or SQLAlchemy URL")
+    s.add_argument(
+        "--init-store",
+        action="store_true",
+        help="seed an empty (0-byte) store file as a new store (refused without it)",
+    )
     s.add_argument("--months", type=float, default=18.0, help="months back from now (18)")
     s.add_argument("--interval", default="5m", help="reading interval: 30s, 5m, 1h (5m)")
     s.add_argument("--seed", type=int, default=0, help="seed of the simulated readings (0)")
     s.add_argument("--sensors", default="temperature,humidity", help="comma-separated sensors")
     s.set_defaults(func=cmd_edge_agent_seed)
+    v = edge.add_parser(
+        "salvage", help="copy the readable readings of a damaged store into a new one"
+    )
+    v.add_argument(
+        "--from",
+        dest="source",
+        required=True,
+        help="the damaged store, moved aside (with its -wal file renamed alike); only read",
+    )
+    v.add_argument("--db", required=True, help="the new store (created; existing rows win)")
+    v.add_argument("--init-store", action="store_true", help="allow an empty (0-byte) file as --db")
+    v.set_defaults(func=cmd_edge_agent_salvage)
 
 
 def cmd_gateway(args: argparse.Namespace) -> int:
@@ -654,6 +745,19 @@ def cmd_query(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"tailgate query: --task is not valid JSON: {exc}", file=sys.stderr)
             return 2
+    context = None
+    if args.url.lower().startswith("https:"):
+        from deploy.config import ConfigError
+        from taskserver.tls import TlsConfig, client_context
+
+        try:
+            context = client_context(_tls_options(args, TlsConfig()))
+        except ValueError as exc:
+            print(f"tailgate query: {exc}", file=sys.stderr)
+            return 2
+        except ConfigError as exc:  # a file that cannot be loaded
+            print(f"tailgate query: {exc.message}", file=sys.stderr)
+            return 2
     headers = {"Content-Type": "application/json"}
     token = _client_token(args)
     if token:
@@ -665,7 +769,7 @@ def cmd_query(args: argparse.Namespace) -> int:
         method="POST",
     )
     try:
-        with urllib.request.urlopen(req, timeout=args.timeout) as resp:
+        with urllib.request.urlopen(req, timeout=args.timeout, context=context) as resp:
             answer, status = json.loads(resp.read()), resp.status
     except urllib.error.HTTPError as exc:
         raw = exc.read()
@@ -864,6 +968,7 @@ def build_parser(*, light: bool = False) -> argparse.ArgumentParser:
         help="stop when the process that started this one dies (Linux)",
     )
     _add_service_args(p)
+    _add_tls_args(p)
     g = p.add_argument_group("inference pipeline (instead of the emulated executor)")
     g.add_argument(
         "--pipeline", help="pipeline spec: a shipped name (traffic, live, ga, dag) or a file"
@@ -936,6 +1041,7 @@ def build_parser(*, light: bool = False) -> argparse.ArgumentParser:
         f"${ENV_CLIENT_TOKEN}, else the config's first admin token; prefer the variable: "
         f"arguments show in ps)",
     )
+    _add_tls_args(p, server=False)
     p.set_defaults(func=cmd_query)
 
     if not light:

@@ -7,6 +7,7 @@ Layout of the file (every key optional; see README for each field)::
     [[pools]]            -> GatewayConfig.pools, with [pools.prior] and [[pools.servers]]
     [taskserver]         -> taskserver.config.TaskServerConfig, with [taskserver.service]
     [tracing]            -> taskserver.tracing.TracingConfig, for the gateway and task servers
+    [tls]                -> taskserver.tls.TlsConfig, for the gateway and task servers
     [auth]               -> gateway.config.AuthConfig (admin and read tokens, refusal logging)
     [tenants.NAME]       -> AuthConfig.tenants: a tenant's API keys and per-key limits
 
@@ -101,7 +102,7 @@ def parse_config(
     """Build the config from an already-parsed TOML document (and the token from ``env``)."""
     known = {
         *("gateway", "classes", "pools", "taskserver", "admission", "autoscaling", "allocation"),
-        *("tracing", "auth", "tenants"),
+        *("tracing", "tls", "auth", "tenants"),
     }
     base = Path(source).parent if source else None
     try:
@@ -131,6 +132,7 @@ def parse_config(
                 if "tracing" in table:
                     raise ConfigError(f"{name}.tracing", "give [tracing] once, at the top level")
                 table["tracing"] = data["tracing"]
+        _tls_section(data, gw, ts, base)
         gateway = _build_top(GatewayConfig, gw, "gateway")
         taskserver = _build_top(TaskServerConfig, ts, "taskserver")
         env_ = env or {}
@@ -148,6 +150,25 @@ def parse_config(
         gateway = dataclasses.replace(gateway, token=token)
         taskserver = dataclasses.replace(taskserver, token=token)
     return TailgateConfig(gateway=gateway, taskserver=taskserver, source=source)
+
+
+def _tls_section(
+    data: Mapping[str, Any], gw: dict[str, Any], ts: dict[str, Any], base: Path | None
+) -> None:
+    """One [tls] table for every process the file configures, its file paths absolute."""
+    if "tls" not in data:
+        return
+    tls = data["tls"]
+    if not isinstance(tls, Mapping):
+        raise ConfigError("tls", f"expected a table, got {describe(tls)}")
+    tls = dict(tls)
+    for key in ("cert_file", "key_file", "ca_file"):
+        if key in tls:
+            tls[key] = _path(tls[key], f"tls.{key}", base)
+    for table, name in ((gw, "gateway"), (ts, "taskserver")):
+        if "tls" in table:
+            raise ConfigError(f"{name}.tls", "give [tls] once, at the top level")
+        table["tls"] = tls
 
 
 def _auth_section(data: Mapping[str, Any], gw: dict[str, Any], base: Path | None) -> None:
@@ -277,7 +298,7 @@ def _build_top(cls: type, table: Any, name: str) -> Any:
         key = exc.key.replace("gateway.auth.tenants", "tenants")
         for section in (
             *("classes", "pools", "admission", "autoscaling", "allocation", "tracing"),
-            "auth",
+            *("tls", "auth"),
         ):
             key = key.replace(f"gateway.{section}", section)
         raise ConfigError(key, exc.message) from None

@@ -2,7 +2,7 @@
 
 The inverse of `deploy.config.load_config`: every field of every config object, in the
 layout the loader reads ([gateway], [[classes]], [[pools]] with [pools.prior] and
-[[pools.servers]], [admission], [autoscaling], [allocation], [tracing], [auth] and
+[[pools.servers]], [admission], [autoscaling], [allocation], [tracing], [tls], [auth] and
 [tenants.NAME], [taskserver] with [taskserver.service]), so the printed text can be saved
 and loaded back as the same configuration. A field that is None is left out (the loader's
 default for it is None); tokens and API keys are never printed (their files' paths are).
@@ -22,9 +22,10 @@ from deploy.config import TailgateConfig
 
 __all__ = ["dump_config", "to_toml"]
 
-TOP_LEVEL = ("classes", "pools", "admission", "autoscaling", "allocation", "tracing", "auth")
+TOP_LEVEL = ("classes", "pools", "admission", "autoscaling", "allocation", "tracing", "tls")
+TOP_LEVEL += ("auth",)
 """GatewayConfig fields the file gives as top-level sections, not inside [gateway]."""
-SHARED = ("tracing",)
+SHARED = ("tracing", "tls")
 """Top-level sections the loader copies into [taskserver] too: written once, from the
 gateway's."""
 

@@ -53,6 +53,7 @@ from deploy.supervisor import Action, Phase, RestartBackoff, RestartDecision, Re
 from gateway.config import GatewayConfig, PoolConfig
 from taskserver.queues import QueuePolicy
 from taskserver.spawn import tailgate_argv, taskserver_argv
+from taskserver.tls import http_server_tls, tls_argv
 
 log = logging.getLogger(__name__)
 
@@ -272,7 +273,8 @@ def _edge_argv(cfg: TailgateConfig, opts: UpOptions, index: int, url: str) -> li
         argv += ["--time-scale", repr(opts.edge_time_scale)]
     if opts.policy:
         argv += ["--policy", opts.policy]
-    return argv
+    # Agents take no config file: [tls] reaches them as options.
+    return argv + tls_argv(cfg.gateway.tls)
 
 
 def edge_agent_spec(
@@ -572,6 +574,7 @@ async def up(cfg: TailgateConfig, opts: UpOptions, stop: asyncio.Event | None = 
 
     from gateway.access_log import access_log_options
     from gateway.app import create_app
+    from gateway.connections import app_runner
     from gateway.service import GatewayService
 
     gw_cfg = dataclasses.replace(cfg.gateway, host=opts.host, port=opts.port)
@@ -602,19 +605,23 @@ async def up(cfg: TailgateConfig, opts: UpOptions, stop: asyncio.Event | None = 
     token = gw_cfg.token or secrets.token_urlsafe(32)
     gw_cfg = dataclasses.replace(gw_cfg, token=token)
     service = GatewayService(gw_cfg, registry=CollectorRegistry())
-    runner = web.AppRunner(create_app(service), **access_log_options(gw_cfg.access_log))
+    tls = http_server_tls(gw_cfg.tls)
+    runner = app_runner(
+        create_app(service), gw_cfg, service.registry, **access_log_options(gw_cfg.access_log)
+    )
     await runner.setup()
     children = ChildSupervisor()
     try:
         try:
-            await web.TCPSite(runner, opts.host, opts.port).start()
+            ssl_context = None if tls is None else tls.listening()
+            await web.TCPSite(runner, opts.host, opts.port, ssl_context=ssl_context).start()
         except OSError as exc:
             print(
                 f"tailgate up: cannot listen on {opts.host}:{opts.port}: {exc.strerror}",
                 file=sys.stderr,
             )
             raise SystemExit(2) from exc
-        url = f"http://{opts.host}:{opts.port}"
+        url = f"{'http' if tls is None else 'https'}://{opts.host}:{opts.port}"
         # With --autoscale the autoscaler's local actuator owns pool "default".
         n_default = 0 if opts.autoscale else opts.servers
         specs = [taskserver_spec(cfg, opts, i, url, token) for i in range(n_default)]
@@ -646,7 +653,11 @@ async def up(cfg: TailgateConfig, opts: UpOptions, stop: asyncio.Event | None = 
         )
         if not stop.is_set():
             _banner(
-                url, opts, token_given=cfg.gateway.token is not None, history=service.history.where
+                url,
+                opts,
+                token_given=cfg.gateway.token is not None,
+                history=service.history.where,
+                ca_file=None if tls is None else gw_cfg.tls.ca_file,
             )
         # One child's death stops nothing else: it is restarted; only `stop` ends this.
         await children.run(stop)
@@ -685,10 +696,13 @@ async def _wait_ready(
     )
 
 
-def _banner(url: str, opts: UpOptions, *, token_given: bool, history: str = "") -> None:
+def _banner(
+    url: str, opts: UpOptions, *, token_given: bool, history: str = "", ca_file: str | None = None
+) -> None:
     pool, n = ("default", opts.servers) if opts.servers else ("edge", opts.edge_agents)
     if not n:
         pool, n = PIPELINE_POOL, opts.pipeline_servers
+    get = "curl -s" if ca_file is None else f"curl -s --cacert {ca_file}"
 
     def curl(targets: dict[str, Any], cls: str = "A") -> str:
         # Edge agents answer sensing tasks; emulated task servers take any payload.
@@ -702,7 +716,7 @@ def _banner(url: str, opts: UpOptions, *, token_given: bool, history: str = "") 
             del query["class"]
             query = {"slo": {"percentile": 99, "latency_ms": 400}, **query}
         body = json.dumps(query)
-        return f"curl -s -X POST {url}/v1/queries -H 'Content-Type: application/json' -d '{body}'"
+        return f"{get} -X POST {url}/v1/queries -H 'Content-Type: application/json' -d '{body}'"
 
     clusters = sorted(
         {edge_cluster(i, opts.edge_agents) for i in range(opts.edge_agents)},
@@ -730,7 +744,7 @@ def _banner(url: str, opts: UpOptions, *, token_given: bool, history: str = "") 
             if opts.pipeline_servers
             else ""
         ),
-        f"  servers:  curl -s {url}/v1/servers",
+        f"  servers:  {get} {url}/v1/servers",
         f"  query:    {curl({'pool': pool, 'fanout': min(4, n)})}",
         *(
             [f"  per cluster: {curl({'pool': 'edge', 'per_cluster': 1}, 'C')}"]

@@ -1,8 +1,10 @@
 """Edge agents: sensing task servers for Raspberry-Pi clusters (no numpy, torch or onnxruntime).
 
-Layout: ``store`` (SQLAlchemy Core sensor store), ``readers`` (simulated, Linux IIO,
-external command), ``sensing`` (the task executor and its result encoding), ``profiles``
-(heterogeneity emulation for loopback testbeds), ``backfill``, ``config``, ``agent``
+Layout: ``store`` (SQLAlchemy Core sensor store; ``store_faults``: an emptied, corrupt
+or full store; ``salvage``: the readable readings of a damaged one), ``readers``
+(simulated, Linux IIO, external command), ``sensing`` (the task executor and its result
+encoding), ``profiles`` (heterogeneity emulation for loopback testbeds), ``backfill``,
+``config``, ``agent``
 (the runtime on top of the task server shell) and ``metrics`` (the sampler's Prometheus
 metrics). The agent's code path imports only the standard library, thriftpy2, SQLAlchemy
 (uvloop if present; prometheus_client only for a metrics port) and ``taskserver``.
@@ -11,6 +13,7 @@ Errors::
 
     Exception
      ├── StoreError             the store cannot be opened, fails its check, or a query failed
+     │    ├── StoreFull         a write refused by a full disk (committed rows all kept)
      │    └── UnknownSensor     no sensor of that name (the message lists the known ones)
      ├── ReaderError            one sensor read failed; logged and counted, never fatal
      ├── ExecutorError          (taskserver) a sensing task failed (the store); the message
@@ -37,7 +40,7 @@ from edge_agent.readers import (
     SimulatedReader,
 )
 from edge_agent.sensing import SensingExecutor, decode_series
-from edge_agent.store import SensorStore, StoreError, UnknownSensor
+from edge_agent.store import SensorStore, StoreError, StoreFull, UnknownSensor
 
 __all__ = [
     "AgentConfig",
@@ -52,6 +55,7 @@ __all__ = [
     "ServiceProfile",
     "SimulatedReader",
     "StoreError",
+    "StoreFull",
     "UnknownSensor",
     "build_reader",
     "decode_series",

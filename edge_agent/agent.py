@@ -10,7 +10,12 @@ counts) and never stop the agent.
 ``run_agents`` runs several agents in one process (a dense loopback testbed): each with
 its own identity, listener, queue and registration, all on one shared store.
 
-Errors: a StoreError from opening the store propagates (the CLI exits non-zero); so does
+A full disk refuses the sampler's writes (StoreFull): one WARNING when it starts and one
+line when writes resume; meanwhile the readings of each sample are dropped, every committed
+reading stays and sensing tasks are answered from it.
+
+Errors: a StoreError from opening the store propagates (the CLI exits non-zero; an empty
+store file without ``init_store``, or one that fails its check, says what to do); so does
 an OSError from binding the Thrift port.
 """
 
@@ -36,7 +41,7 @@ from edge_agent.readers import (
     SimulatedReader,
 )
 from edge_agent.sensing import SensingExecutor
-from edge_agent.store import SensorStore, StoreError
+from edge_agent.store import SensorStore, StoreError, StoreFull
 from taskserver.config import TaskServerConfig
 from taskserver.server import serve, serve_together
 
@@ -68,6 +73,10 @@ class SamplerStats:
     store_faults: int = 0
     last_fault: str | None = None
     last_sample_ts: int | None = None
+    store_full: bool = False
+    """The last write was refused by a full disk (its readings were dropped)."""
+    dropped_full: int = 0
+    """Readings dropped because the disk was full, since start."""
 
 
 class Sampler:
@@ -104,19 +113,39 @@ class Sampler:
         self.stats.readings += written
         if written:
             self.stats.last_sample_ts = int(now)
+        if isinstance(error, StoreFull):
+            self._full(str(error), len(values) - written)
+            return written
+        if written and self.stats.store_full:
+            self.stats.store_full = False
+            log.warning(
+                "store writable again (%s): %d readings were dropped while the disk was full",
+                self.reader.name,
+                self.stats.dropped_full,
+            )
         if error is not None:
-            self._fault("store", error)
+            self._fault("store", str(error))
         return written
 
-    def _write(self, ts: int, values: dict[str, float]) -> tuple[int, str | None]:
+    def _write(self, ts: int, values: dict[str, float]) -> tuple[int, StoreError | None]:
         written = 0
         for sensor, value in values.items():
             try:
                 self.store.insert(sensor, ts, value)  # one transaction per reading
             except StoreError as exc:
-                return written, str(exc)
+                return written, exc
             written += 1
         return written, None
+
+    def _full(self, message: str, dropped: int) -> None:
+        """A full disk refused a write: one WARNING when that starts, counted after."""
+        self.stats.store_faults += 1
+        self.stats.dropped_full += dropped
+        self.stats.last_fault = f"store: {message}"
+        if not self.stats.store_full:
+            self.stats.store_full = True
+            count = self.stats.store_faults
+            log.warning("store fault #%d (%s): %s", count, self.reader.name, message)
 
     def _fault(self, kind: str, message: str) -> None:
         self.stats.last_fault = f"{kind}: {message}"
@@ -210,7 +239,17 @@ def task_server_config(config: AgentConfig) -> TaskServerConfig:
         token=config.token,
         cluster=config.cluster,
         seed=config.seed,
+        max_frame_bytes=config.max_frame_bytes,
+        tls=config.tls,
     )
+
+
+def _open_store(config: AgentConfig) -> SensorStore:
+    """The agent's store, opened and checked; a new one is said so in the log."""
+    store = SensorStore(config.database, init=config.init_store)
+    if store.created:
+        log.info("store %s: a new, empty store", store)
+    return store
 
 
 def _metrics_registry(config: AgentConfig, sampler: Sampler) -> CollectorRegistry | None:
@@ -261,7 +300,7 @@ async def run_agent(
     loop.set_default_executor(
         ThreadPoolExecutor(max_workers=min(config.slots + 1, 4), thread_name_prefix="edge-io")
     )
-    store = await asyncio.to_thread(SensorStore, config.database)
+    store = await asyncio.to_thread(_open_store, config)
     background: list[asyncio.Task[None]] = []
     sampler: Sampler | None = None
     try:
@@ -320,7 +359,7 @@ async def run_agents(
         raise ValueError("configs: dense agents share one store; they name several")
     loop = asyncio.get_running_loop()
     loop.set_default_executor(ThreadPoolExecutor(max_workers=4, thread_name_prefix="edge-io"))
-    store = await asyncio.to_thread(SensorStore, first.database)
+    store = await asyncio.to_thread(_open_store, first)
     background: list[asyncio.Task[None]] = []
     try:
         sampler = Sampler(build_reader(first), store, clock=clock)

@@ -77,16 +77,18 @@ def seed_store(
     seed: int = 0,
     sensors: tuple[str, ...] = SIMULATED_SENSORS,
     now_s: float | None = None,
+    init: bool = False,
 ) -> BackfillResult:
     """Backfill the store at `db` with the last `months` of simulated readings.
 
-    Raises ValueError (message naming the option) on bad input, StoreError on the store.
+    `init` allows a new store in an empty (zero-byte) file, as `SensorStore` does. Raises
+    ValueError (message naming the option) on bad input, StoreError on the store.
     """
     if not 0 < months <= 240:
         raise ValueError(f"months: must be a number in (0, 240], got {months}")
     reader = SimulatedReader(seed, sensors)
     end_s = int(time.time() if now_s is None else now_s)
-    store = SensorStore(db)
+    store = SensorStore(db, init=init)
     try:
         return backfill(
             store, reader, start_s=end_s - int(months * MONTH_S), end_s=end_s, interval_s=interval_s

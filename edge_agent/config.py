@@ -21,8 +21,10 @@ from typing import Any
 
 from edge_agent.profiles import PROFILE_NAMES
 from edge_agent.readers import SIMULATED_SENSORS, check_sensor_name
+from taskserver.framecheck import DEFAULT_MAX_FRAME_BYTES, check_max_frame_bytes
 from taskserver.queues import QueuePolicy
 from taskserver.registration import check_cluster_name, check_token
+from taskserver.tls import TlsConfig, with_tls_options
 
 __all__ = [
     "ENV_TOKEN",
@@ -74,6 +76,9 @@ class AgentConfig:
     """Registration token, sent as a Bearer credential (from a file or the environment)."""
     db: str | None = None
     """Store: a file path or SQLAlchemy URL; None: edge-agent-<agent_id>.db in the cwd."""
+    init_store: bool = False
+    """Start a new, empty store in an empty (zero-byte) store file; without it such a file is
+    refused, since a truncated store would lose the agent's history without a word."""
     reader: str = "simulated"
     """Sensor reader: simulated, iio or command."""
     sensors: tuple[str, ...] = SIMULATED_SENSORS
@@ -108,6 +113,11 @@ class AgentConfig:
     """Registration period: the agent's heartbeat towards the gateway."""
     drain_timeout_s: float = 3.0
     """On SIGTERM, serve queued tasks for at most this long; the rest go back REJECTED."""
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    """Largest Thrift frame the agent's port takes (8 MiB); a peer declaring more is
+    disconnected before anything is allocated."""
+    tls: TlsConfig = field(default_factory=TlsConfig)
+    """TLS on the Thrift port and towards an https gateway (--tls-* options)."""
 
     def __post_init__(self) -> None:
         if not _ID.fullmatch(self.agent_id):
@@ -152,6 +162,7 @@ class AgentConfig:
         if not 0.0 <= self.read_sample <= 1.0:
             raise ValueError(f"read_sample: must be in [0, 1], got {self.read_sample}")
         _positive("time_scale", self.time_scale)
+        check_max_frame_bytes(self.max_frame_bytes)
         if self.profile == "none" and (self.read_sample < 1.0 or self.time_scale != 1.0):
             raise ValueError(
                 "profile: read_sample below 1 and time_scale need a cluster profile "
@@ -285,6 +296,18 @@ def load_agent_config(args: Mapping[str, Any], env: Mapping[str, str]) -> AgentC
     if isinstance(values.get("sensors"), str):
         values["sensors"] = parse_sensors(values["sensors"])
     values["token"] = _token(args, env)
+    try:
+        values["tls"] = with_tls_options(
+            TlsConfig(),
+            cert=args.get("tls_cert"),
+            key=args.get("tls_key"),
+            ca=args.get("tls_ca"),
+            links=args.get("tls_links"),
+            client_auth=args.get("tls_client_auth"),
+        )
+    except ValueError as exc:
+        option, _, message = str(exc).partition(": ")
+        raise AgentConfigError(option, message) from exc
     try:
         return AgentConfig(**values)
     except ValueError as exc:

@@ -49,6 +49,14 @@ class SamplerCollector(Collector):
         faults.add_metric([self._agent, "reader"], float(st["reader_faults"]))
         faults.add_metric([self._agent, "store"], float(st["store_faults"]))
         yield faults
+        full = GaugeMetricFamily(
+            "tailgate_edge_agent_store_full",
+            "1 while a full disk refuses the store's writes (readings are dropped; committed "
+            "ones are kept), else 0.",
+            labels=["server"],
+        )
+        full.add_metric(server, 1.0 if st.get("store_full") else 0.0)
+        yield full
         last = st.get("last_sample_ts")
         fam = GaugeMetricFamily(
             "tailgate_edge_agent_last_sample_timestamp_seconds",

@@ -12,21 +12,27 @@ a crash of the process (``kill -9``), a power cut may lose the last commits but 
 corrupts the file, and readers never wait for the sampling writer. Any SQLAlchemy URL is
 accepted (PostgreSQL for a larger host).
 
+File faults (`edge_agent.store_faults`): an empty (zero-byte) store file is refused unless
+``init`` is given; a store that fails its check says how to recover; a full disk refuses
+writes with `StoreFull` while every committed row stays and reads go on.
+
 Errors::
 
     Exception
      └── StoreError          the database cannot be opened, fails its check, or a query failed
+          ├── StoreFull      a write refused by a full disk (nothing of it stored)
           └── UnknownSensor  a sensor name the store holds no readings for
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Connection, create_engine, delete, event, func, insert, inspect, select, text
 from sqlalchemy.engine import URL, Engine, make_url
@@ -42,12 +48,20 @@ from edge_agent._schema import (
     readings_table,
     sensors_table,
 )
+from edge_agent.store_faults import (
+    describe_full,
+    empty_store_problem,
+    is_corrupt,
+    is_disk_full,
+    recovery_hint,
+)
 
 __all__ = [
     "CHUNK_ROWS",
     "Readings",
     "SensorStore",
     "StoreError",
+    "StoreFull",
     "UnknownSensor",
     "database_url",
 ]
@@ -58,6 +72,13 @@ CHUNK_ROWS = 20_000
 
 class StoreError(Exception):
     """The store cannot be opened, fails its integrity check, or a query failed."""
+
+
+class StoreFull(StoreError):
+    """A write refused by a full disk: nothing of it was stored, every committed row stays."""
+
+
+_T = TypeVar("_T")
 
 
 class UnknownSensor(StoreError):
@@ -97,11 +118,23 @@ def _first_line(exc: SQLAlchemyError) -> str:
 class SensorStore:
     """Readings of named sensors, by (sensor, unix second); thread-safe for the agent's use."""
 
-    def __init__(self, target: str) -> None:
-        """Open (creating if needed) the database at a path or URL and check its integrity."""
+    def __init__(self, target: str, *, init: bool = False) -> None:
+        """Open (creating if needed) the database at a path or URL and check its integrity.
+
+        An existing zero-byte SQLite file is refused (StoreError) unless `init`: then a new
+        store is made in it. `created` says whether the file was new or empty.
+        """
         self.url = database_url(target)
         self.dialect = self.url.get_backend_name()
         memory = self.dialect == "sqlite" and self.url.database in (None, "", ":memory:")
+        self.path: Path | None = None
+        self.created = False
+        if self.dialect == "sqlite" and not memory:
+            self.path = Path(str(self.url.database))
+            problem = empty_store_problem(self.path, init=init)
+            if problem is not None:
+                raise StoreError(problem)
+            self.created = not self.path.exists() or self.path.stat().st_size == 0
         kwargs: dict[str, Any] = {}
         if memory:
             # One shared connection, or every thread would see its own empty database.
@@ -127,11 +160,18 @@ class SensorStore:
 
     def _open(self) -> None:
         where = self.url.render_as_string(hide_password=True)
-        with _translated(f"db {where}: cannot open"), self._lock:
-            with self.engine.connect() as conn:
-                self._quick_check(conn, where)
-            metadata.create_all(self.engine)
-            self._sanity_check(where)
+        try:
+            with _translated(f"db {where}: cannot open"), self._lock:
+                with self.engine.connect() as conn:
+                    self._quick_check(conn, where)
+                metadata.create_all(self.engine)
+                self._sanity_check(where)
+        except StoreError as exc:
+            # A damaged file, or none of SQLite's: the one line says how to recover.
+            damaged = exc.__cause__ is not None and is_corrupt(exc.__cause__)
+            if self.path is not None and (damaged or "integrity check failed" in str(exc)):
+                raise StoreError(f"{exc}; {recovery_hint(self.path)}") from exc.__cause__
+            raise
         self._load_ids()
         if not self._memory:
             # The check read every page through one connection's cache: start afresh.
@@ -142,7 +182,9 @@ class SensorStore:
             return
         rows = [r[0] for r in conn.exec_driver_sql("PRAGMA quick_check").fetchall()]
         if rows != ["ok"]:
-            raise StoreError(f"db {where}: integrity check failed: {'; '.join(rows[:5])}")
+            # One line: a row of the check may hold several ("*** in database main ***\n...").
+            found = "; ".join(" ".join(str(r).split()) for r in rows[:5])
+            raise StoreError(f"db {where}: integrity check failed: {found}")
 
     def _sanity_check(self, where: str) -> None:
         """The tables have the columns this code reads (a foreign or older schema fails here)."""
@@ -192,11 +234,13 @@ class SensorStore:
         """Store one reading in its own transaction; a later reading of that second wins."""
         if not math.isfinite(value):
             raise StoreError(f"reading {sensor}@{ts}: value must be finite, got {value!r}")
-        with _translated("db: insert"), self._lock, self.engine.begin() as conn:
+        stmt = self._insert_stmt(replace=True)
+
+        def write(conn: Connection) -> None:
             sid = self._sensor_id(conn, sensor)
-            conn.execute(
-                self._insert_stmt(replace=True), {"sensor_id": sid, "ts": ts, "value": value}
-            )
+            conn.execute(stmt, {"sensor_id": sid, "ts": ts, "value": value})
+
+        self._transaction("insert", write)
 
     def insert_many(
         self, readings: Iterable[tuple[str, int, float]], chunk_rows: int = CHUNK_ROWS
@@ -218,8 +262,9 @@ class SensorStore:
         for sensor, ts, value in readings:
             sid = ids.get(sensor)
             if sid is None:
-                with _translated("db: insert"), self._lock, self.engine.begin() as conn:
-                    sid = ids[sensor] = self._sensor_id(conn, sensor)
+                sid = ids[sensor] = self._transaction(
+                    "insert", functools.partial(self._sensor_id, name=sensor)
+                )
             if not math.isfinite(value):
                 raise StoreError(f"reading {sensor}@{ts}: value must be finite, got {value!r}")
             if positional:
@@ -234,12 +279,62 @@ class SensorStore:
         return total
 
     def _write_chunk(self, stmt: Any, sql: str | None, chunk: list[Any]) -> int:
-        with _translated("db: bulk insert"), self._lock, self.engine.begin() as conn:
+        def write(conn: Connection) -> None:
             if sql is not None:
                 conn.exec_driver_sql(sql, chunk)  # executemany
             else:
                 conn.execute(stmt, chunk)  # executemany
+
+        self._transaction("bulk insert", write)
         return len(chunk)
+
+    def _transaction(self, what: str, work: Callable[[Connection], _T]) -> _T:
+        """Run `work` in one transaction; StoreFull when a full disk refuses it.
+
+        On SQLITE_FULL the store first gives back what its write-ahead log holds (a
+        truncating checkpoint) and tries once more. Sensor ids a refused transaction added
+        are forgotten: their rows were rolled back with it.
+        """
+        for attempt in (1, 2):
+            known = set(self._ids)
+            try:
+                with self._lock, self.engine.begin() as conn:
+                    return work(conn)
+            except SQLAlchemyError as exc:
+                for name in set(self._ids) - known:
+                    self._ids.pop(name, None)
+                if not is_disk_full(exc):
+                    detail = f"{exc.__class__.__name__}: {_first_line(exc)}"
+                    raise StoreError(f"db: {what}: {detail}") from exc
+                if attempt == 1 and self._truncate_wal():
+                    continue
+                where = str(self.path or self.url.render_as_string(hide_password=True))
+                raise StoreFull(describe_full(where, what, _first_line(exc))) from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _truncate_wal(self) -> bool:
+        """Checkpoint the write-ahead log into the database and truncate it; True if it
+        ran to the end (a SQLite file store only; never raises).
+
+        It gives the log's space back where the database has free pages to take the log's
+        (after a prune, the steady state of a store at its retention); where the database
+        would have to grow on a full disk it fails, and the log stays as it is.
+        """
+        if self.path is None:
+            return False
+        try:
+            with self._lock, self.engine.connect() as conn:
+                # TRUNCATE waits for readers through the busy handler: never here, where a
+                # sampler would stall for seconds behind a long read on every refused write.
+                waited_ms = conn.exec_driver_sql("PRAGMA busy_timeout").scalar()
+                conn.exec_driver_sql("PRAGMA busy_timeout=0")
+                try:
+                    row = conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)").first()
+                finally:
+                    conn.exec_driver_sql(f"PRAGMA busy_timeout={int(waited_ms or 0)}")
+        except SQLAlchemyError:
+            return False
+        return row is not None and row[0] == 0  # (busy, log frames, frames checkpointed)
 
     def _insert_stmt(self, *, replace: bool) -> Any:
         """INSERT that tolerates an existing (sensor_id, ts) where the dialect allows it."""
@@ -273,8 +368,9 @@ class SensorStore:
             while bound is not None and bound < older_than_s:
                 bound = min(bound + window_s, older_than_s)
                 stmt = delete(readings_table).where(c.sensor_id == sid, c.ts < bound)
-                with _translated("db: prune"), self._lock, self.engine.begin() as conn:
-                    deleted += max(0, conn.execute(stmt).rowcount or 0)
+                deleted += self._transaction(
+                    "prune", lambda conn, stmt=stmt: max(0, conn.execute(stmt).rowcount or 0)
+                )
         return deleted
 
     # -- reads -----------------------------------------------------------------

@@ -17,6 +17,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from gateway import dashboard
 from gateway.access_log import access_log_options
+from gateway.client_certs import client_cert_middlewares
+from gateway.connections import app_runner
 from gateway.errors import (
     ApiError,
     BadRequest,
@@ -25,6 +27,7 @@ from gateway.errors import (
     UnsupportedMediaType,
 )
 from gateway.guard import Guard, bind_tenant
+from gateway.limits import LIMITS_KEY, ClientLimits, read_body
 from gateway.openapi import openapi_document
 from gateway.queries import QueryOutcome
 from gateway.request_ids import caller_of, stamp_response
@@ -33,6 +36,7 @@ from gateway.requests import parse_multi_query, parse_query, parse_register
 from gateway.retry_after import delta_seconds
 from gateway.service import GatewayService
 from taskserver import jsonbody
+from taskserver.tls import http_server_tls
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +156,7 @@ def check_media_type(content_type: str | None) -> None:
 
 
 async def _json_body(request: web.Request) -> Any:
-    raw = await request.read()
+    raw = await read_body(request)  # 408 past body_timeout_s
     if not raw:
         raise BadRequest("request body is empty; expected a JSON object", field="")
     check_media_type(request.headers.get("Content-Type"))
@@ -390,12 +394,20 @@ def create_app(service: GatewayService) -> web.Application:
     before its handler runs, so nothing of a refused request is read or revealed.
     """
     guard = Guard(service.config, service.clock, service.registry)
+    limits = ClientLimits(service.config, service.registry)
     app = web.Application(
-        middlewares=[_close_when_draining, _errors, guard.middleware],
+        middlewares=[
+            _close_when_draining,
+            _errors,
+            guard.middleware,
+            *client_cert_middlewares(service.config.tls),
+            limits.middleware,  # after the access check: only admitted requests count
+        ],
         client_max_size=service.config.max_body_bytes,
     )
     app[SERVICE_KEY] = service
     app[GUARD_KEY] = guard
+    app[LIMITS_KEY] = limits
     app[REQUESTS_KEY] = RequestPath(
         service, f"req-{uuid.uuid4().hex[:8]}", tracer=service.query.tracer
     )
@@ -435,16 +447,22 @@ async def serve(
     """
     config = service.config
     stop = asyncio.Event() if stop is None else stop
+    tls = http_server_tls(config.tls)  # certificates load before anything listens
     # Handlers still running after the drain are registration calls: a short wait is plenty.
-    runner = web.AppRunner(
-        create_app(service), **access_log_options(config.access_log), shutdown_timeout=5.0
+    runner = app_runner(  # header deadline and connection limit (gateway.connections)
+        create_app(service),
+        config,
+        service.registry,
+        **access_log_options(config.access_log),
+        shutdown_timeout=5.0,
     )
     await runner.setup()
     try:
-        site = web.TCPSite(runner, config.host, config.port)
+        ssl_context = None if tls is None else tls.listening()
+        site = web.TCPSite(runner, config.host, config.port, ssl_context=ssl_context)
         await site.start()
         port = runner.addresses[0][1]  # the real one when port 0 asked for any
-        url = f"http://{config.host}:{port}"
+        url = f"{'http' if tls is None else 'https'}://{config.host}:{port}"
         log.info("gateway listening on %s", url)
         if config.autoscaling.enabled:
             await service.enable_autoscaler(url, [])

@@ -55,7 +55,8 @@ def _log_level(percentile: float) -> float:
     p = float(percentile)
     if not (0.0 < p < 100.0):
         raise ValueError(f"percentile must be in (0, 100) exclusive, got {percentile!r}")
-    return math.log(p / 100.0)
+    # log(p) - log(100), not log(p / 100): p / 100 is 0.0 for p below ~5e-322.
+    return math.log(p) - math.log(100.0)
 
 
 def _log1mexp(log_s: np.ndarray) -> np.ndarray:

@@ -15,6 +15,7 @@ from admission.config import AdmissionConfig, AllocationConfig
 from taskserver.queues import QueuePolicy
 from taskserver.registration import check_cluster_name, check_token
 from taskserver.service_time import ServiceSpec
+from taskserver.tls import TlsConfig
 from taskserver.tracing import TracingConfig
 
 
@@ -412,6 +413,21 @@ class GatewayConfig:
     of waiting for the grace (Swayam's request pruning, Algorithm 1 line 6)."""
     max_body_bytes: int = 1024 * 1024
     """Largest accepted request body."""
+    header_timeout_s: float = 10.0
+    """A request's headers must arrive within this long of its first byte (or of the
+    connection opening), else the connection is closed (408 if part had come)."""
+    body_timeout_s: float = 30.0
+    """A request's body must arrive within this long of its headers, else 408 and the
+    connection is closed."""
+    keepalive_timeout_s: float = 75.0
+    """An idle connection is closed after this long without a request."""
+    max_connections: int = 10_000
+    """HTTP connections open at most; at the limit a new one closes the longest idle, and
+    16 more are kept for /healthz, /livez, /readyz and /metrics (lowered to what
+    `ulimit -n` allows, with a WARNING)."""
+    max_in_flight_per_client: int = 256
+    """Queries one client (IPv4 address, IPv6 /64) may have unanswered; more get 429
+    (0: no limit)."""
     max_frame_bytes: int = 64 * 1024 * 1024
     """Largest Thrift frame accepted from a task server; one that sends or declares more is
     disconnected (taskserver.framecheck)."""
@@ -460,6 +476,8 @@ class GatewayConfig:
     only its own samples); "" uses the host name, which a StatefulSet keeps per replica."""
     tracing: TracingConfig = field(default_factory=TracingConfig)
     """OpenTelemetry spans of queries and tasks ([tracing] in tailgate.toml)."""
+    tls: TlsConfig = field(default_factory=TlsConfig)
+    """TLS on the HTTP API and on the links to the servers ([tls] in tailgate.toml)."""
     access_log: bool = False
     """Log one line per HTTP request (logger gateway.access): method, path, status, duration,
     bytes and the X-Request-Id; in the process's log format (--log-format)."""
@@ -501,6 +519,17 @@ class GatewayConfig:
             raise ValueError(f"grace_ms: must be >= 0, got {self.grace_ms}")
         if self.max_body_bytes < 1024:
             raise ValueError(f"max_body_bytes: must be >= 1024, got {self.max_body_bytes}")
+        for name in ("header_timeout_s", "body_timeout_s", "keepalive_timeout_s"):
+            seconds = getattr(self, name)
+            if not (math.isfinite(seconds) and 0 < seconds <= 3600):
+                raise ValueError(f"{name}: must be seconds in (0, 3600], got {seconds}")
+        if not 1 <= self.max_connections <= 1_000_000:
+            raise ValueError(f"max_connections: must be 1..1000000, got {self.max_connections}")
+        if not 0 <= self.max_in_flight_per_client <= 1_000_000:
+            raise ValueError(
+                f"max_in_flight_per_client: must be 0 (no limit)..1000000, got "
+                f"{self.max_in_flight_per_client}"
+            )
         if not 1024 <= self.max_frame_bytes <= 1 << 30:
             raise ValueError(f"max_frame_bytes: must be 1024..2**30, got {self.max_frame_bytes}")
         if self.max_fanout < 1:

@@ -10,6 +10,8 @@
     │                         (WWW-Authenticate; gateway.auth)
     ├── Forbidden             403: a credential without the right to the route
     ├── NotFound              404
+    ├── RequestTimeout        408: the body did not arrive within body_timeout_s
+    │                         (gateway.limits; the connection is closed)
     ├── PayloadTooLarge       413
     ├── UnsupportedMediaType  415: a request body that is not application/json
     ├── SloUnreachableError   422: the SLO is below the unloaded p-th latency
@@ -81,6 +83,13 @@ class NotFound(ApiError):
 
     status = 404
     code = "not_found"
+
+
+class RequestTimeout(ApiError):
+    """408."""
+
+    status = 408
+    code = "request_timeout"
 
 
 class PayloadTooLarge(ApiError):

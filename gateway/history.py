@@ -387,6 +387,8 @@ class HistoryRecorder:
         self.store: HistoryStore | None = None
         self.samples_written = 0
         self.last_error = ""
+        self.failed_writes = 0
+        """Samples the store refused since it last took one."""
         self._sampler = HistorySampler(service.clock())
         self._task: asyncio.Task[None] | None = None
 
@@ -455,9 +457,12 @@ class HistoryRecorder:
             try:
                 await self.record()
             except HistoryError as exc:
+                # Once per distinct error (a full disk fails every write alike); the
+                # gateway goes on answering, and the history resumes with the store.
                 if str(exc) != self.last_error:
-                    log.warning("%s", exc)
+                    log.warning("%s; the gateway goes on without it", exc)
                 self.last_error = str(exc)
+                self.failed_writes += 1
             except Exception as exc:
                 # A bug in one sample must not end the sampling for good.
                 error = f"history sample failed: {exc!r}"
@@ -465,4 +470,11 @@ class HistoryRecorder:
                     log.exception("%s", error)
                 self.last_error = error
             else:
+                if self.failed_writes:
+                    log.warning(
+                        "history store %s: writing again after %d failed samples",
+                        self.where,
+                        self.failed_writes,
+                    )
                 self.last_error = ""
+                self.failed_writes = 0

@@ -41,6 +41,7 @@ from taskserver.frontends import reported_loads
 from taskserver.messages import result_problem
 from taskserver.ownership import claim_proof
 from taskserver.queues import QueuePolicy
+from taskserver.tls import ReloadingContext, tls_problem
 from taskserver.wire import (
     DEFAULT_LIMITS,
     ONEWAY,
@@ -208,6 +209,8 @@ class ServerLink:
         limits: WireLimits = DEFAULT_LIMITS,
         arbiter: DrrArbiter | FairArbiter | None = None,
         rng: random.Random | None = None,
+        tls: ReloadingContext | None = None,
+        server_name: str | None = None,
     ) -> None:
         self.server_id = server_id
         self.host = host
@@ -283,6 +286,12 @@ class ServerLink:
         """What to log of failed reconnects: the first, a new error, one line a minute."""
         self._down_since: float | None = None
         """When the server was last seen to go down (clock time; None: up, or not yet)."""
+        self.tls = tls
+        """TLS on this link (taskserver.tls): each connect takes its newest context."""
+        self.server_name = server_name
+        """The name the server's certificate must carry (None: `host`)."""
+        self._lost_exc: Exception | None = None
+        """Why the last connection ended (None: closed without an error)."""
         self._t = thrift()
         self._types = gateway_body_types()
 
@@ -379,6 +388,9 @@ class ServerLink:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while not self._closing:
+            tls: dict[str, Any] = {}
+            if self.tls is not None:
+                tls = {"ssl": self.tls.current(), "server_hostname": self.server_name or self.host}
             try:
                 _, conn = await asyncio.wait_for(
                     loop.create_connection(
@@ -392,12 +404,13 @@ class ServerLink:
                         ),
                         self.host,
                         self.port,
+                        **tls,
                     ),
                     self.heartbeat_timeout_s,
                 )
             except (TimeoutError, OSError) as exc:
                 self.state = "down"
-                self.last_error = f"connect failed: {exc or type(exc).__name__}"
+                self.last_error = f"connect failed: {tls_problem(exc) or exc or type(exc).__name__}"
                 await asyncio.sleep(self._attempt_failed(self.clock()))
                 continue
             self._conn = conn
@@ -478,6 +491,14 @@ class ServerLink:
                     )
                     conn.abort()
                     self._on_lost(None)
+                elif first and self.tls is not None and self._lost_exc is None:
+                    # TLS 1.3 checks a client's certificate after the client's side of the
+                    # handshake is done: a server that refuses it closes before answering.
+                    self.last_error = (
+                        "the server closed the TLS connection before answering: if it requires "
+                        "a client certificate (client_auth), this gateway's tls.cert_file must "
+                        "be issued by the CA in the server's tls.ca_file"
+                    )
                 return not first
             if self._closing:
                 return not first
@@ -564,8 +585,9 @@ class ServerLink:
         was_up = self.state == "up"
         self.state = "down"
         self._up.clear()
+        self._lost_exc = exc
         if exc is not None:
-            self.last_error = f"connection lost: {exc}"
+            self.last_error = f"connection lost: {tls_problem(exc) or exc}"
         elif not self.last_error:
             self.last_error = "connection closed by server"
         if was_up:  # logged once per outage; the reconnects are logged by _attempt_failed

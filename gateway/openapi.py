@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.auth import Access, access_of
+from gateway.connections import PROBE_PATHS
 from gateway.requests import REQUEST_BODIES
 
 _ERROR = {
@@ -246,8 +247,9 @@ _AUTH_ANSWERS = {
     "write route, a read token on a query), or a query naming another tenant than its "
     "key's (`field` tenant)",
     "429": "the source keeps sending refused requests and is slowed down (code "
-    "`slowed_down`), or the API key is over its rate or in-flight limit (code "
-    "`key_limited`); Retry-After",
+    "`slowed_down`), the API key is over its rate or in-flight limit (code "
+    "`key_limited`), or a query's client has `max_in_flight_per_client` queries "
+    "unanswered (code `client_in_flight_limited`, `limit` names it); Retry-After",
 }
 
 
@@ -263,11 +265,12 @@ def _err(description: str) -> dict[str, Any]:
 
 
 def _either(description: str, *schemas: str) -> dict[str, Any]:
-    """A response whose body is one of these component schemas."""
+    """A response whose body is one of these component schemas (anyOf, not oneOf: an
+    answer with an `error` is an Error too, as Error allows more fields)."""
     refs = [{"$ref": f"#/components/schemas/{name}"} for name in schemas]
     return {
         "description": description,
-        "content": {"application/json": {"schema": {"oneOf": refs}}},
+        "content": {"application/json": {"schema": {"anyOf": refs}}},
     }
 
 
@@ -319,6 +322,18 @@ def _complete(paths: dict[str, Any]) -> None:
                 op["security"] = SECURITY[access]
                 for status, description in _AUTH_ANSWERS.items():
                     responses.setdefault(status, _err(description))
+            if "requestBody" in op:
+                responses.setdefault(
+                    "408", _err("the body did not arrive within `body_timeout_s` of the headers")
+                )
+            if path not in PROBE_PATHS:
+                responses.setdefault(
+                    "503",
+                    _err(
+                        "the gateway holds `max_connections` connections, all busy: this one "
+                        "of its reserve answers only the probes (code `connection_limit`)"
+                    ),
+                )
             for status in ("429", "503"):
                 if status in responses:
                     responses[status] = {

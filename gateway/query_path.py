@@ -622,7 +622,7 @@ class QueryPath:
                 # a client error naming the field, not a server's failure.
                 outcome, code = QueryOutcome.INVALID, "invalid_task"
                 message = f"server {first.server} refused the task: {invalid}"
-                field = f"task.{invalid.field}"
+                field = "task" if invalid.field == "payload" else f"task.{invalid.field}"
             else:
                 outcome, code = QueryOutcome.FAILED, "task_failed"
                 message = f"task on server {first.server} {first.status}: {first.error}"

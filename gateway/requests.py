@@ -76,13 +76,15 @@ class Field:
         return out
 
     def check(self, value: Any, path: str) -> Any:
-        """The value if it has this field's type and range; BadRequest naming `path` if not."""
+        """The value (an integer field's as an int) if it has this field's type and range;
+        BadRequest naming `path` if not."""
         if self.kind == "integer":
             lo, hi = self.minimum, self.maximum
             ok = _is_int(value) and (lo is None or value >= lo) and (hi is None or value <= hi)
             if not ok:
                 want = f"in {lo:g}..{hi:g}" if lo is not None and hi is not None else f">= {lo:g}"
                 raise BadRequest(f"must be an integer {want}, got {value!r}", field=path)
+            return int(value)
         elif self.kind == "number":
             if not _is_number(value) or not math.isfinite(value):
                 raise BadRequest(f"must be a number, got {value!r}", field=path)
@@ -109,6 +111,8 @@ class Body:
     """Its component name in the OpenAPI document."""
     fields: tuple[Field, ...]
     description: str = ""
+    exclusive: tuple[str, ...] = ()
+    """Fields of which at most one may be given (a query's class and slo)."""
 
     @property
     def names(self) -> set[str]:
@@ -128,7 +132,13 @@ class Body:
             out["required"] = required
         out["properties"] = {f.name: f.schema() for f in self.fields}
         out["additionalProperties"] = False
+        if self.exclusive:
+            out["not"] = {"anyOf": [{"required": list(pair)} for pair in _pairs(self.exclusive)]}
         return out
+
+
+def _pairs(names: tuple[str, ...]) -> list[tuple[str, str]]:
+    return [(a, b) for i, a in enumerate(names) for b in names[i + 1 :]]
 
 
 SLO_BODY = Body(
@@ -188,7 +198,9 @@ QUERY_BODY = Body(
             "pools between tenants by weight (absent: tenant 'default')",
         ),
     ),
-    "Give a class or an slo (not both; neither: the default class).",
+    "Give a class or an slo, not both; with neither, the gateway's default_class (400 "
+    "naming `class` when none is configured).",
+    exclusive=("class", "slo"),
 )
 REGISTER_BODY = Body(
     "Register",
@@ -259,6 +271,9 @@ def _is_number(v: Any) -> bool:
 
 
 def _is_int(v: Any) -> bool:
+    """An integer as JSON Schema has it: a number without a fractional part (2, 2.0)."""
+    if isinstance(v, float):
+        return v.is_integer()
     return isinstance(v, int) and not isinstance(v, bool)
 
 
@@ -269,12 +284,16 @@ def _type_name(v: Any) -> str:
 
 
 def _unknown(obj: dict[str, Any], allowed: set[str], prefix: str) -> None:
-    for key in obj:
+    """BadRequest for a field not in `allowed`, or a typed field given as null (the
+    document gives each field a type; leaving a field out is how to take its default)."""
+    for key, value in obj.items():
         if key not in allowed:
             raise BadRequest(
                 f"unknown field {key!r} (allowed: {', '.join(sorted(allowed))})",
                 field=f"{prefix}{key}",
             )
+        if value is None and key not in _ANY_VALUE:
+            raise BadRequest("must not be null (leave it out for its default)", field=prefix + key)
 
 
 def parse_query(body: Any, config: GatewayConfig) -> QueryRequest:
@@ -402,7 +421,7 @@ def _parse_targets(t: Any, config: GatewayConfig) -> Targets:
                 "with 'fanout'",
                 field="targets.per_cluster",
             )
-        TARGETS_BODY["per_cluster"].check(per_cluster, "targets.per_cluster")
+        per_cluster = TARGETS_BODY["per_cluster"].check(per_cluster, "targets.per_cluster")
         if per_cluster > config.max_fanout:
             raise BadRequest(
                 f"per_cluster {per_cluster} exceeds max_fanout {config.max_fanout}",
@@ -413,7 +432,7 @@ def _parse_targets(t: Any, config: GatewayConfig) -> Targets:
             raise BadRequest(
                 "required unless 'all' is true or 'per_cluster' is given", field="targets.fanout"
             )
-        TARGETS_BODY["fanout"].check(fanout, "targets.fanout")
+        fanout = TARGETS_BODY["fanout"].check(fanout, "targets.fanout")
         if fanout > config.max_fanout:
             raise BadRequest(
                 f"fanout {fanout} exceeds max_fanout {config.max_fanout}", field="targets.fanout"
@@ -513,11 +532,15 @@ MULTI_QUERY_BODY = Body(
             ),
         ),
     ),
-    "M fanout queries in a row under one SLO (TailGuard eq. (5)). Give a class or an slo "
-    "(not both; neither: the default class).",
+    "M fanout queries in a row under one SLO (TailGuard eq. (5)). Give a class or an slo, "
+    "not both; with neither, the gateway's default_class (400 naming `class` when none is "
+    "configured).",
+    exclusive=("class", "slo"),
 )
 REQUEST_BODIES = (QUERY_BODY, SLO_BODY, TARGETS_BODY, REGISTER_BODY, MULTI_QUERY_BODY, STAGE_BODY)
 """Every request body and object in one, for the OpenAPI document's components."""
+_ANY_VALUE = frozenset(f.name for body in REQUEST_BODIES for f in body.fields if not f.kind)
+"""Fields that take any JSON value, null included (a query's task)."""
 
 _STAGE_FIELDS = STAGE_BODY.names
 _MULTI_QUERY_FIELDS = MULTI_QUERY_BODY.names

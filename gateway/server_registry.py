@@ -30,6 +30,7 @@ from gateway.targets import TargetPicker
 from gateway.waits import backlog_wait
 from taskserver.framecheck import WireLimits
 from taskserver.service_time import make_distribution
+from taskserver.tls import link_client_tls
 
 __all__ = ["ServerRegistry"]
 
@@ -75,6 +76,9 @@ class ServerRegistry:
         self._pools = {p.name: p for p in config.pools}
         self._priors: dict[str, Any] = {}
         self._wire_limits = WireLimits.for_frames_of(config.max_frame_bytes)
+        self._tls = link_client_tls(config.tls)
+        """TLS on every link ([tls] links): one context, reloaded for all (taskserver.tls);
+        loaded here, so a bad certificate file stops the gateway before it listens."""
         self.on_result: ResultCallback = _unwired
         """Told each task's result (the query path's, wired by GatewayService)."""
         self.on_failure: FailureCallback = _unwired
@@ -129,7 +133,9 @@ class ServerRegistry:
         pool = self._pools[req.pool]
         central = pool.queueing == "central"
         arbiter = self.arbiter_for() if central else None
-        shared = {} if arbiter is None else {"arbiter": arbiter}
+        shared: dict[str, Any] = {} if arbiter is None else {"arbiter": arbiter}
+        if self._tls is not None:
+            shared.update(tls=self._tls, server_name=self.config.tls.server_name)
         link = self._link_factory(
             req.id,
             host,

@@ -37,6 +37,7 @@ from gateway.server_registry import ServerRegistry
 from gateway.server_windows import ServerMissRatios
 from gateway.targets import TargetPicker
 from gateway.tracing import Caller, open_gateway_tracer
+from taskserver.tls import tls_argv
 
 __all__ = ["DRAIN_MARGIN_S", "DrainReport", "GatewayService", "QueryAnswer"]
 
@@ -156,6 +157,8 @@ class GatewayService:
         Its local actuator dials gateway_url.
         """
         cfg = self.config.autoscaling
+        # The servers it starts listen with TLS when the links use it ([tls]).
+        extra_args = [*extra_args, *tls_argv(self.config.tls)]
         if cfg.policy == "swayam":
             extra_args = [*extra_args, "--idle-exit-s", f"{cfg.idle_s:g}"]
         pool = self.config.pool_named(cfg.pool)

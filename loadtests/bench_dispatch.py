@@ -7,9 +7,12 @@ and does nothing else; the gateway run drives the real query path in-process
 (GatewayService.run_query: target pick, x_p^u and t_D, Thrift encode and
 dispatch, result decode, CDF update, query decided) against real task servers
 with zero service time. HTTP parsing is outside both; a third figure adds
-rendering each answer's JSON body (decoding every task's result).
+rendering each answer's JSON body (decoding every task's result). With ``--tls`` each
+round also runs the gateway over mutually authenticated TLS links (a throwaway CA made in a
+temporary folder, ECDSA P-256 certificates; the task servers require the gateway's), so
+the two dispatch figures come from the same rounds of the same machine.
 
-    python -m loadtests.bench_dispatch [--seconds 5] [--fanout 10] [--concurrency 64]
+    python -m loadtests.bench_dispatch [--seconds 5] [--fanout 10] [--concurrency 64] [--tls]
 """
 
 from __future__ import annotations
@@ -22,7 +25,10 @@ import signal
 import statistics
 import struct
 import sys
+import tempfile
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
@@ -31,6 +37,8 @@ from gateway.queries import QueryOutcome
 from gateway.requests import QueryRequest, RegisterRequest, Targets
 from gateway.service import GatewayService
 from loadtests.procs import ServerProcs, cpu_seconds
+from loadtests.tls_ca import ThrowawayCa
+from taskserver.tls import ClientAuth, TlsConfig, tls_argv
 
 FRAME = struct.Struct("!I")
 PAYLOAD = b"x" * 96
@@ -95,14 +103,54 @@ async def raw_echo_rate(servers: int, window: int, seconds: float) -> float:
             await p.wait()
 
 
+@dataclass(frozen=True, slots=True)
+class Links:
+    """TLS on the benchmark's links: the gateway's [tls] and the task servers' (None: plain)."""
+
+    gateway: TlsConfig
+    servers: TlsConfig
+
+    @classmethod
+    def throwaway(cls, folder: Path) -> Links:
+        """Mutual TLS with certificates of a new CA in `folder`."""
+        ca = ThrowawayCa.create(folder)
+        gw, ts = ca.issue("gateway"), ca.issue("servers")
+
+        def config(cert: Path, key: Path, client_auth: ClientAuth) -> TlsConfig:
+            return TlsConfig(links=True, cert_file=str(cert), key_file=str(key),
+                             ca_file=str(ca.cert), client_auth=client_auth)  # fmt: skip
+
+        return cls(config(gw.cert, gw.key, ClientAuth.NONE),
+                   config(ts.cert, ts.key, ClientAuth.REQUIRED))  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Rate:
+    """One run of the gateway: its throughput and CPU per task."""
+
+    tasks_per_s: float
+    queries_per_s: float
+    gateway_cpu_us: float
+    """User + system CPU of the gateway's process per task (/proc)."""
+    servers_cpu_us: float
+    """The same, summed over the task servers' processes."""
+
+
 async def gateway_rate(
-    servers: int, fanout: int, concurrency: int, seconds: float, render: bool = False
-) -> tuple[float, float]:
-    """(tasks/s, queries/s) through GatewayService.run_query."""
-    async with ServerProcs(
-        servers, ["--service-kind", "constant", "--service-value-ms", "0", "--slots", "1000"]
-    ) as sp:
-        svc = GatewayService(GatewayConfig(), registry=CollectorRegistry())
+    servers: int,
+    fanout: int,
+    concurrency: int,
+    seconds: float,
+    render: bool = False,
+    tls: Links | None = None,
+) -> Rate:
+    """Tasks/s, queries/s and CPU per task through GatewayService.run_query."""
+    args = ["--service-kind", "constant", "--service-value-ms", "0", "--slots", "1000"]
+    if tls is not None:
+        args += tls_argv(tls.servers)
+    async with ServerProcs(servers, args) as sp:
+        config = GatewayConfig() if tls is None else GatewayConfig(tls=tls.gateway)
+        svc = GatewayService(config, registry=CollectorRegistry())
         for sid, addr in sp.addresses.items():
             await svc.register(RegisterRequest(sid, "default", addr, 1000))
         for link in svc.links.values():
@@ -136,30 +184,52 @@ async def gateway_rate(
         if failures:
             print(f"  ({failures} queries failed)")
         tasks = queries * fanout
+        rate = Rate(
+            tasks / elapsed,
+            queries / elapsed,
+            (cpu1[0] - cpu0[0]) / tasks * 1e6,
+            (cpu1[1] - cpu0[1]) / tasks * 1e6,
+        )
+        links = "plain links" if tls is None else "mutual TLS links"
         print(
-            f"  CPU per task: gateway {(cpu1[0] - cpu0[0]) / tasks * 1e6:.1f} µs, "
-            f"task servers {(cpu1[1] - cpu0[1]) / tasks * 1e6:.1f} µs "
+            f"  CPU per task ({links}{', answers rendered' if render else ''}): "
+            f"gateway {rate.gateway_cpu_us:.1f} µs, task servers {rate.servers_cpu_us:.1f} µs "
             f"(user+system, from /proc)"
         )
-        return tasks / elapsed, queries / elapsed
+        return rate
 
 
 async def main_async(args: argparse.Namespace) -> None:
+    if not args.tls:
+        await _rounds(args, None)
+        return
+    with tempfile.TemporaryDirectory(prefix="tailgate-bench-ca-") as folder:
+        await _rounds(args, Links.throwaway(Path(folder)))
+
+
+async def _rounds(args: argparse.Namespace, tls: Links | None) -> None:
     # Interleaved rounds, medians reported: a shared 2-core VM drifts by ±15% run to run.
     k, c, t = args.fanout, args.concurrency, args.seconds
-    echos, rates, rendered = [], [], []
+    echos: list[float] = []
+    rates: list[Rate] = []
+    rendered: list[Rate] = []
+    secured: list[Rate] = []
     for r in range(args.rounds):
         echos.append(await raw_echo_rate(k, c, t))
         rates.append(await gateway_rate(k, k, c, t))
         rendered.append(await gateway_rate(k, k, c, t, render=True))
+        if tls is not None:
+            secured.append(await gateway_rate(k, k, c, t, tls=tls))
         print(
-            f"  round {r + 1}: echo {echos[-1]:,.0f}/s, gateway {rates[-1][0]:,.0f} tasks/s "
-            f"(ratio {rates[-1][0] / echos[-1]:.2f}), with answers rendered "
-            f"{rendered[-1][0]:,.0f} tasks/s"
+            f"  round {r + 1}: echo {echos[-1]:,.0f}/s, gateway {rates[-1].tasks_per_s:,.0f} "
+            f"tasks/s (ratio {rates[-1].tasks_per_s / echos[-1]:.2f}), with answers rendered "
+            f"{rendered[-1].tasks_per_s:,.0f} tasks/s"
+            + (f", over mutual TLS {secured[-1].tasks_per_s:,.0f} tasks/s" if secured else "")
         )
     echo = statistics.median(echos)
-    tasks, queries = sorted(rates)[len(rates) // 2]
-    full, _ = sorted(rendered)[len(rendered) // 2]
+    plain = sorted(rates)[len(rates) // 2]
+    tasks, queries = plain.tasks_per_s, plain.queries_per_s
+    full = sorted(rendered)[len(rendered) // 2].tasks_per_s
     print(f"raw asyncio-streams echo: {echo:,.0f} round trips/s ({k} connections x {c} in flight)")
     print(
         f"gateway dispatch:         {tasks:,.0f} tasks/s = {queries:,.0f} queries/s "
@@ -170,6 +240,18 @@ async def main_async(args: argparse.Namespace) -> None:
         f"with JSON answers built:  {full:,.0f} tasks/s (ratio {full / echo:.2f}): "
         "adds decoding each task's result into the answer body"
     )
+    if secured:
+        over_tls = sorted(secured)[len(secured) // 2].tasks_per_s
+
+        def cpu(runs: list[Rate]) -> str:
+            gw = statistics.median(r.gateway_cpu_us for r in runs)
+            ts = statistics.median(r.servers_cpu_us for r in runs)
+            return f"gateway {gw:.1f} µs, task servers {ts:.1f} µs"
+
+        print(f"over mutual TLS:          {over_tls:,.0f} tasks/s ({over_tls / tasks:.2f} of "
+              "plain dispatch)")  # fmt: skip
+        print(f"CPU per task, plain:      {cpu(rates)} (medians)")
+        print(f"CPU per task, mutual TLS: {cpu(secured)} (medians)")
 
 
 def main() -> None:
@@ -179,6 +261,11 @@ def main() -> None:
     parser.add_argument("--fanout", type=int, default=10)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--tls",
+        action="store_true",
+        help="also run the gateway over mutual TLS links (a throwaway CA; needs openssl)",
+    )
     parser.add_argument("--serve-echo", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     try:

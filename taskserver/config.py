@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from taskserver.framecheck import DEFAULT_MAX_FRAME_BYTES, check_max_frame_bytes
 from taskserver.queues import QueuePolicy
 from taskserver.service_time import ServiceSpec
+from taskserver.tls import TlsConfig
 from taskserver.tracing import TracingConfig
 
 BUSY_PREFIX = "busy:"
@@ -71,10 +73,14 @@ class TaskServerConfig:
     task is reported FAILED); keep it above the gateway's grace, which times the query out."""
     max_task_s: float = 300.0
     """No task holds a slot longer than this, whatever budget it carries."""
-    max_frame_bytes: int = 64 * 1024 * 1024
-    """Largest Thrift frame accepted; a peer that sends or declares more is disconnected."""
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    """Largest Thrift frame accepted (8 MiB); a peer that declares more is disconnected at
+    its frame's length prefix, before anything is allocated (a logged, counted violation).
+    Keep it above 1 MiB plus the largest task payload: batches are sent in ~1 MiB frames."""
     tracing: TracingConfig = field(default_factory=TracingConfig)
     """OpenTelemetry spans of traced tasks (the top-level [tracing] table of tailgate.toml)."""
+    tls: TlsConfig = field(default_factory=TlsConfig)
+    """TLS on the Thrift port and towards an https gateway (the top-level [tls] table)."""
 
     def __post_init__(self) -> None:
         if not self.server_id or not self.server_id.strip():
@@ -102,5 +108,4 @@ class TaskServerConfig:
             raise ValueError(f"task_grace_s: must be 0..3600, got {self.task_grace_s}")
         if not 0 < self.max_task_s <= 86400:
             raise ValueError(f"max_task_s: must be in (0, 86400], got {self.max_task_s}")
-        if not 1024 <= self.max_frame_bytes <= 1 << 30:
-            raise ValueError(f"max_frame_bytes: must be 1024..2**30, got {self.max_frame_bytes}")
+        check_max_frame_bytes(self.max_frame_bytes)

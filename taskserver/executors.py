@@ -17,7 +17,7 @@ import time
 from typing import Literal
 
 from taskserver import jsonbody
-from taskserver.abc import Executor, ExecutorError, TaskDropped
+from taskserver.abc import Executor, ExecutorError, InvalidTask, TaskDropped
 from taskserver.service_time import ServiceTimeDistribution
 
 __all__ = ["EmulatedExecutor", "Executor", "ExecutorError", "TaskDropped"]
@@ -52,9 +52,9 @@ def _parse_payload(payload: bytes) -> dict:
     try:
         request = jsonbody.loads(payload)
     except jsonbody.JsonError as exc:
-        raise ExecutorError(f"payload: {exc}") from exc
+        raise InvalidTask("payload", str(exc)) from exc
     if not isinstance(request, dict):
-        raise ExecutorError(f"payload: must be a JSON object, got {type(request).__name__}")
+        raise InvalidTask("payload", f"must be a JSON object, got {type(request).__name__}")
     _last_parsed = (bytes(payload), request)
     return request
 
@@ -74,6 +74,8 @@ class EmulatedExecutor(Executor):
     ExecutorError after its service time; "drop" (message) drops it at once with TaskDropped,
     only on the servers listed in "drop_on" when given; "echo" is returned as is.
     Result: {"server": server_id, "service_ms": emulated ms rounded to µs, "echo": ...}.
+    A payload that breaks these rules raises InvalidTask (field "payload"): the client's
+    error, which the gateway answers 400, not a server's failure.
     """
 
     name = "emulated"
@@ -100,7 +102,7 @@ class EmulatedExecutor(Executor):
         service_ms = self._service_ms(request)
         failure = request.get("fail")
         if failure is not None and not isinstance(failure, str):
-            raise ExecutorError(f"payload: fail must be a string, got {failure!r}")
+            raise InvalidTask("payload", f"fail must be a string, got {failure!r}")
         if service_ms > 0:
             if self.mode == "sleep":
                 await _sleep_precisely(service_ms / 1000)
@@ -124,10 +126,10 @@ class EmulatedExecutor(Executor):
         if reason is None:
             return
         if not isinstance(reason, str):
-            raise ExecutorError(f"payload: drop must be a string, got {reason!r}")
+            raise InvalidTask("payload", f"drop must be a string, got {reason!r}")
         on = request.get("drop_on")
         if on is not None and (not isinstance(on, list) or not all(isinstance(x, str) for x in on)):
-            raise ExecutorError(f"payload: drop_on must be a list of server ids, got {on!r}")
+            raise InvalidTask("payload", f"drop_on must be a list of server ids, got {on!r}")
         if on is None or self.server_id in on:
             raise TaskDropped(reason)
 
@@ -135,9 +137,10 @@ class EmulatedExecutor(Executor):
         per_server = request.get("service_ms_on")
         if per_server is not None:
             if not isinstance(per_server, dict) or self.server_id not in per_server:
-                raise ExecutorError(
-                    f"payload: service_ms_on must map this server ({self.server_id!r}) to a "
-                    f"service time, got {str(per_server)[:200]}"
+                raise InvalidTask(
+                    "payload",
+                    f"service_ms_on must map this server ({self.server_id!r}) to a "
+                    f"service time, got {str(per_server)[:200]}",
                 )
             return self._checked_ms(per_server[self.server_id])
         if "service_ms" not in request:
@@ -152,7 +155,7 @@ class EmulatedExecutor(Executor):
             or not math.isfinite(value)
             or value < 0
         ):
-            raise ExecutorError(f"payload: service_ms must be a number >= 0, got {value!r}")
+            raise InvalidTask("payload", f"service_ms must be a number >= 0, got {value!r}")
         return float(value)
 
     def __repr__(self) -> str:

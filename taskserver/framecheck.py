@@ -34,7 +34,14 @@ import struct
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["IMPLEMENTATION", "WireLimits", "check_frame", "check_frame_py"]
+__all__ = [
+    "DEFAULT_MAX_FRAME_BYTES",
+    "IMPLEMENTATION",
+    "WireLimits",
+    "check_frame",
+    "check_frame_py",
+    "check_max_frame_bytes",
+]
 
 _I32 = struct.Struct("!i")
 _U32 = struct.Struct("!I")
@@ -46,6 +53,20 @@ _MIN_SIZE = {2: 1, 3: 1, 12: 1, 6: 2, 8: 4, 11: 4, 4: 8, 10: 8, 14: 5, 15: 5, 13
 """Smallest encoding of a value of each wire type our peers send (bool, byte, struct's stop
 byte, i16, i32, a string's length, double, i64, set, list, map headers)."""
 _FIXED = {t: _MIN_SIZE[t] for t in (2, 3, 4, 6, 8, 10)}
+
+DEFAULT_MAX_FRAME_BYTES = 8 * 1024 * 1024
+"""Largest frame a task server's or an edge agent's Thrift port takes by default
+(``max_frame_bytes``): tasks come in ~1 MiB batches, a pipeline hand-off is ~600 KB. The
+gateway takes up to WireLimits' 64 MiB from the servers it dials: a sensing range answers
+up to a million readings."""
+
+
+def check_max_frame_bytes(value: object) -> int:
+    """`value` if it is a frame limit a server may be configured with (1 KiB..1 GiB), else
+    ValueError naming ``max_frame_bytes`` and the value."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1024 <= value <= 1 << 30:
+        raise ValueError(f"max_frame_bytes: must be 1024..2**30, got {value!r}")
+    return value
 
 
 @dataclass(frozen=True, slots=True)

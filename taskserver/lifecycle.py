@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import ssl
 import time
 import urllib.parse
 from collections.abc import Callable, Sized
@@ -28,6 +29,7 @@ from taskserver.registration import GatewayUnreachable, auth_headers, gateway_ca
 
 if TYPE_CHECKING:
     from taskserver.config import TaskServerConfig
+    from taskserver.tls import ReloadingContext
 
 
 class Drainable(Protocol):
@@ -59,12 +61,15 @@ async def register_forever(
     slots: int,
     stop: asyncio.Event,
     rng: random.Random | None = None,
+    *,
+    tls: ReloadingContext | None = None,
 ) -> None:
     """Register with every gateway now and every interval, until `stop` is set.
 
     Idempotent, so a restarted gateway learns the server again. A registration in flight
     when `stop` is set completes before this returns (none may land after the DELETE).
-    A failed one is tried again after a jittered backoff drawn from `rng`.
+    A failed one is tried again after a jittered backoff drawn from `rng`. An https gateway
+    is called with `tls`'s newest context (taskserver.tls: its certificate is checked).
     """
     body: dict[str, Any] = {
         "id": config.server_id,
@@ -77,7 +82,9 @@ async def register_forever(
     headers = auth_headers(config)
     urls = [u + "/v1/servers" for u in gateway_urls(config.gateway_url)]
     rng = random.Random() if rng is None else rng
-    await asyncio.gather(*(_register_with(url, body, headers, config, stop, rng) for url in urls))
+    await asyncio.gather(
+        *(_register_with(url, body, headers, config, stop, rng, tls) for url in urls)
+    )
 
 
 REGISTER_RETRY_BASE_S = 0.25
@@ -93,6 +100,7 @@ async def _register_with(
     config: TaskServerConfig,
     stop: asyncio.Event,
     rng: random.Random,
+    tls: ReloadingContext | None = None,
 ) -> None:
     """Register with one gateway every interval, retrying sooner (backoff) after a failure;
     log the first failure, a new error, at most one "still failing" line a minute and the
@@ -102,7 +110,8 @@ async def _register_with(
     retry = RetryLog(f"server {config.server_id}: registration at {url}")
     extra = {"server_id": config.server_id, "pool": config.pool}
     while not stop.is_set():
-        failure = await _register(url, body, headers)
+        # urllib uses the context for an https URL only
+        failure = await _register(url, body, headers, None if tls is None else tls.current())
         now = time.monotonic()
         if failure is None:
             backoff.reset()
@@ -123,14 +132,17 @@ async def _register_with(
 
 
 async def _register(
-    url: str, body: dict[str, Any], headers: dict[str, str]
+    url: str, body: dict[str, Any], headers: dict[str, str], context: ssl.SSLContext | None
 ) -> tuple[int, str] | None:
     """One registration: None when it took, else (log level, what went wrong)."""
     try:
         # shorter than the drain's wait for it, so none lands after the DELETE
-        status, text = await gateway_call("POST", url, body, headers, timeout_s=LEAVE_MARGIN_S)
+        status, text = await gateway_call(
+            "POST", url, body, headers, timeout_s=LEAVE_MARGIN_S, context=context
+        )
     except GatewayUnreachable as exc:
-        return logging.INFO, f"gateway not reachable: {exc}"
+        # A certificate refused either way is no passing outage: say so loudly.
+        return (logging.WARNING if exc.tls else logging.INFO), f"gateway not reachable: {exc}"
     if status == 401:
         return logging.ERROR, "refused: wrong or missing token (401)"
     if status >= 400:
@@ -151,11 +163,15 @@ async def retire_when_idle(service: Drainable, config: TaskServerConfig) -> None
 
 
 async def drain_and_leave(
-    service: Drainable, config: TaskServerConfig, registration: asyncio.Task[None] | None
+    service: Drainable,
+    config: TaskServerConfig,
+    registration: asyncio.Task[None] | None,
+    *,
+    tls: ReloadingContext | None = None,
 ) -> None:
     """Tell the gateways, serve the queue within drain_timeout_s, give up on the rest.
 
-    `registration` is the register_forever task, already told to stop.
+    `registration` is the register_forever task, already told to stop; `tls` is its.
     """
     t0 = time.monotonic()
     service.draining = True  # from here on a new task is REJECTED ("server is draining")
@@ -164,7 +180,8 @@ async def drain_and_leave(
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(registration, LEAVE_MARGIN_S + 0.5)
     leaving = [
-        asyncio.create_task(_deregister(url, config)) for url in gateway_urls(config.gateway_url)
+        asyncio.create_task(_deregister(url, config, tls))
+        for url in gateway_urls(config.gateway_url)
     ]
     pending = service.busy + len(service.queue)
     finished, given_up = await service.drain(config.drain_timeout_s)
@@ -182,13 +199,17 @@ async def drain_and_leave(
         await asyncio.wait(leaving, timeout=LEAVE_MARGIN_S)
 
 
-async def _deregister(url: str, config: TaskServerConfig) -> None:
+async def _deregister(url: str, config: TaskServerConfig, tls: ReloadingContext | None) -> None:
     drain_s = min(config.drain_timeout_s + LEAVE_MARGIN_S, 600.0)
     server_id = urllib.parse.quote(config.server_id, safe="")
     target = f"{url}/v1/servers/{server_id}?drain_s={drain_s:g}"
     try:
         status, text = await gateway_call(
-            "DELETE", target, headers=auth_headers(config), timeout_s=drain_s + LEAVE_MARGIN_S
+            "DELETE",
+            target,
+            headers=auth_headers(config),
+            timeout_s=drain_s + LEAVE_MARGIN_S,
+            context=None if tls is None else tls.current(),
         )
     except GatewayUnreachable as exc:
         log.info("could not deregister at %s: %s", url, exc)

@@ -12,9 +12,12 @@ import asyncio
 import http.client
 import json
 import re
+import ssl
 import urllib.error
 import urllib.request
 from typing import TYPE_CHECKING, Any
+
+from taskserver.tls import CLOSED_AT_HANDSHAKE, tls_problem
 
 if TYPE_CHECKING:
     from taskserver.config import TaskServerConfig
@@ -52,7 +55,12 @@ def check_token(token: object) -> str:
 
 
 class GatewayUnreachable(Exception):
-    """The gateway did not answer (connection refused, timeout, bad URL)."""
+    """The gateway did not answer (connection refused, timeout, bad URL, TLS refused)."""
+
+    def __init__(self, message: str, *, tls: bool = False) -> None:
+        super().__init__(message)
+        self.tls = tls
+        """A TLS handshake failed: a certificate was refused, by either side."""
 
 
 def gateway_urls(spec: str | None) -> list[str]:
@@ -70,7 +78,12 @@ def auth_headers(config: TaskServerConfig) -> dict[str, str]:
 
 
 def _call(
-    method: str, url: str, body: Any, headers: dict[str, str], timeout_s: float
+    method: str,
+    url: str,
+    body: Any,
+    headers: dict[str, str],
+    timeout_s: float,
+    context: ssl.SSLContext | None,
 ) -> tuple[int, str]:
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, method=method)
@@ -79,13 +92,20 @@ def _call(
     for k, v in headers.items():
         req.add_header(k, v)
     try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+        with urllib.request.urlopen(req, timeout=timeout_s, context=context) as resp:
             return resp.status, resp.read().decode("utf-8", "replace")
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode("utf-8", "replace")
     except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
         # HTTPException: something answered, but not HTTP (e.g. a Thrift port)
-        raise GatewayUnreachable(str(getattr(exc, "reason", exc)) or repr(exc)) from exc
+        reason = getattr(exc, "reason", exc)
+        problem = tls_problem(reason) if isinstance(reason, BaseException) else None
+        if problem is not None:
+            raise GatewayUnreachable(problem, tls=True) from exc
+        if isinstance(exc, http.client.RemoteDisconnected) and url.lower().startswith("https:"):
+            # Closed before any answer: over TLS, how a refused client certificate shows.
+            raise GatewayUnreachable(CLOSED_AT_HANDSHAKE, tls=True) from exc
+        raise GatewayUnreachable(str(reason) or repr(exc)) from exc
 
 
 async def gateway_call(
@@ -94,6 +114,8 @@ async def gateway_call(
     body: Any = None,
     headers: dict[str, str] | None = None,
     timeout_s: float = 5.0,
+    context: ssl.SSLContext | None = None,
 ) -> tuple[int, str]:
-    """One HTTP call to the gateway: (status, body text); GatewayUnreachable if none came."""
-    return await asyncio.to_thread(_call, method, url, body, headers or {}, timeout_s)
+    """One HTTP call to the gateway: (status, body text); GatewayUnreachable if none came.
+    An https URL is called with `context` (taskserver.tls; None: the system's defaults)."""
+    return await asyncio.to_thread(_call, method, url, body, headers or {}, timeout_s, context)

@@ -35,7 +35,9 @@ from taskserver.lifecycle import drain_and_leave, register_forever, retire_when_
 from taskserver.messages import claim_problem, task_identity_problem, task_problem
 from taskserver.ownership import NONCE_BYTES, OwnerLease, proof_matches
 from taskserver.queues import Dequeued, QueuedTask, QueueFull, TaskQueue, create_task_queue
+from taskserver.registration import gateway_urls
 from taskserver.service_time import make_distribution
+from taskserver.tls import HANDSHAKE_TIMEOUT_S, http_client_tls, link_server_tls
 from taskserver.tracing import TaskSpans, Tracing, open_tracing
 from taskserver.wire import (
     CALL,
@@ -808,9 +810,18 @@ async def _serve(
         from prometheus_client import CollectorRegistry
 
         registry = CollectorRegistry()
+    # Certificates load before anything listens: a bad file is a ConfigError at start.
+    tls = link_server_tls(config.tls, f"task server {config.server_id}")
+    gateway_tls = http_client_tls(config.tls, gateway_urls(config.gateway_url))
     service = build_service(config, registry, executor, tracing)
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(service.protocol_factory, config.host, config.port)
+    server = await loop.create_server(
+        service.protocol_factory,
+        config.host,
+        config.port,
+        ssl=None if tls is None else tls.listening(),
+        ssl_handshake_timeout=None if tls is None else HANDSHAKE_TIMEOUT_S,
+    )
     port = server.sockets[0].getsockname()[1]
     address = config.advertise or f"{config.host}:{port}"
     announcement = {"server_id": config.server_id, "address": address}
@@ -823,12 +834,15 @@ async def _serve(
             http_server = await start_http(config.host, config.metrics_port, routes)
             announcement["metrics"] = f"{config.host}:{config.metrics_port}"
         if config.gateway_url:
-            registration = loop.create_task(register_forever(config, address, config.slots, stop))
+            registration = loop.create_task(
+                register_forever(config, address, config.slots, stop, tls=gateway_tls)
+            )
             background.append(registration)
         log.info(
-            "task server %s listening on %s (policy %s, %d slots, frame check in %s)",
+            "task server %s listening on %s%s (policy %s, %d slots, frame check in %s)",
             config.server_id,
             address,
+            "" if tls is None else f" with TLS (client_auth {config.tls.client_auth.value})",
             config.policy,
             config.slots,
             FRAMECHECK,
@@ -848,7 +862,7 @@ async def _serve(
         await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         stop.set()  # ends the registration loop
         server.close()  # no new connections while draining
-        await drain_and_leave(service, config, registration)
+        await drain_and_leave(service, config, registration, tls=gateway_tls)
     finally:
         for t in background:
             t.cancel()

@@ -50,6 +50,10 @@ IDL_PATH = Path(__file__).with_name("tailgate.thrift")
 DEFAULT_LIMITS = WireLimits()
 MAX_FRAME_BYTES = DEFAULT_LIMITS.max_frame_bytes
 _DEFAULT_BUF = 4096  # thriftpy2's own initial buffer size
+MAX_BATCH_BYTES = 1 << 20
+"""A batch of tasks or results larger than this (payloads and results, ~128 bytes for the
+other fields) is sent in several frames, so a burst never builds a frame that a peer's
+max_frame_bytes (a few MiB at least) refuses."""
 _LEN = struct.Struct("!i")
 
 CALL = TMessageType.CALL
@@ -230,8 +234,23 @@ class Batcher:
         return cls(thrift().TaskSink, "result", "result", "result_batch", "results")
 
     def encode(self, items: list[Any]) -> bytes:
-        """One framed oneway message carrying the items."""
-        hint = sum(_blob_size(item) for item in items) + 128 * len(items)
+        """Framed oneway messages carrying the items, in order: one, unless the items hold
+        more than MAX_BATCH_BYTES, which go in frames of about that size (a peer refuses a
+        frame above its max_frame_bytes; an item alone is never split)."""
+        sizes = [_blob_size(item) + 128 for item in items]
+        if sum(sizes) <= MAX_BATCH_BYTES:
+            return self._encode_one(items, sum(sizes))
+        frames: list[bytes] = []
+        start, total = 0, 0
+        for i, size in enumerate(sizes):
+            if total and total + size > MAX_BATCH_BYTES:
+                frames.append(self._encode_one(items[start:i], total))
+                start, total = i, 0
+            total += size
+        frames.append(self._encode_one(items[start:], total))
+        return b"".join(frames)
+
+    def _encode_one(self, items: list[Any], hint: int) -> bytes:
         if len(items) == 1:
             body = self.single_args(**{self.single_field: items[0]})
             return encode_message(self.single_name, ONEWAY, 0, body, hint)

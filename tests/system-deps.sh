@@ -1,12 +1,13 @@
 #!/bin/sh
 # System packages the tests drive for real: a Prometheus server that scrapes the
-# services, headless Chromium for the dashboard, and a PostgreSQL server for the
-# gateway's history store. Installed from Debian's packages
-# when missing; without root (or sudo) the script says what to install and those tests
-# skip, naming the missing program.
+# services, headless Chromium for the dashboard, a PostgreSQL server for the
+# gateway's history store, and openssl for the TLS tests' certificate authority.
+# Installed from Debian's packages when missing; without root (or sudo) the script says
+# what to install and those tests skip, naming the missing program.
 set -eu
 missing=""
 command -v prometheus >/dev/null 2>&1 || missing="$missing prometheus"
+command -v openssl >/dev/null 2>&1 || missing="$missing openssl"  # the TLS tests' throwaway CA
 command -v chromium >/dev/null 2>&1 || missing="$missing chromium"
 ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || command -v pg_ctl >/dev/null 2>&1 \
     || missing="$missing postgresql"

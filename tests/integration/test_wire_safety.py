@@ -153,7 +153,7 @@ async def test_malformed_but_decodable_messages_fail_closed(target: Target) -> N
     conn.send_item(t.Task("q2", 0, float("nan"), 500.0, 0, "A", b"{}"))
     await _until(lambda: len(results) >= 2)
     fates = {r.query_id: (r.status, r.error) for r in results}
-    assert fates["q1"] == (1, "payload: nested more than 64 levels deep")
+    assert fates["q1"] == (1, "invalid task: payload: nested more than 64 levels deep")
     assert fates["q2"][0] == 3 and "deadline_budget_ms" in fates["q2"][1]
     assert "q0" not in fates
     # A submit without its task: no result can name it, so the connection is closed.
