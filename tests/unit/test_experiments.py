@@ -360,6 +360,7 @@ def test_pard_all_runs_the_twelve_workloads_and_ranks_the_ablations(
     import loadtests.sim.pard_experiments as pe
 
     monkeypatch.setattr(pe, "PIPELINE_NAMES", ("traffic", "dag"))  # two of the four: faster
+    monkeypatch.setattr(pe, "ABLATIONS", ("back", "lbf-only"))  # and two ablations
     md = run_experiment(
         "pard-all", tmp_path, queries=100, apps=["bursty"], workers=1, quiet=True, seeds=1
     )
@@ -371,7 +372,9 @@ def test_pard_all_runs_the_twelve_workloads_and_ranks_the_ablations(
     for p in ("traffic", "dag"):
         assert (folder / p / "summary.csv").is_file() and (folder / p / f"{p}.md").is_file()
     ranking = read_csv(folder / "ablation_ranking.csv")
-    assert len(ranking) == 2 * len(PARD_ABLATIONS)
+    assert [(r["pipeline"], r["variant"]) for r in ranking] == [
+        (p, v) for p in ("traffic", "dag") for v in ("back", "lbf-only")
+    ]
     text = md.read_text(encoding="utf-8")
     assert "## Against the paper's targets, 2 workloads" in text
     assert "## Average drop rate and invalid rate (PARD Figure 8)" in text
@@ -379,9 +382,18 @@ def test_pard_all_runs_the_twelve_workloads_and_ranks_the_ablations(
     assert "## Ablations (PARD §5.3)" in text and "| lbf-only | PARD-LBF |" in text
 
 
-def test_pard_sensitivity_varies_the_slo_lambda_and_window(tmp_path: Path) -> None:
-    from loadtests.sim.pard_experiments import LAMBDAS, QUEUE_WINDOWS_S, SLO_SCALES
+def test_pard_sensitivity_varies_the_slo_lambda_and_window(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import loadtests.sim.pard_experiments as pe
 
+    # fewer values than the experiment's (faster); the shipped grids are checked below
+    assert pe.SLO_SCALES == (0.8, 1.0, 1.2) and pe.LAMBDAS[2] == 0.1
+    assert 5.0 in pe.QUEUE_WINDOWS_S
+    SLO_SCALES, LAMBDAS, QUEUE_WINDOWS_S = (0.8, 1.0), (0.1, 0.5), (20.0,)
+    monkeypatch.setattr(pe, "SLO_SCALES", SLO_SCALES)
+    monkeypatch.setattr(pe, "LAMBDAS", LAMBDAS)
+    monkeypatch.setattr(pe, "QUEUE_WINDOWS_S", QUEUE_WINDOWS_S)
     md = run_experiment("pard-sensitivity", tmp_path, queries=200, workers=1, quiet=True, seeds=1)
     rows = read_csv(tmp_path / "pard-sensitivity" / "sensitivity.csv")
     for pipeline in ("traffic", "live"):
