@@ -79,6 +79,9 @@ def test_target_row_takes_the_better_baseline_for_each_figure() -> None:
     # no overload periods: the whole run's goodput is compared instead
     by = {k: replace(v, goodput_overload_rps=math.nan) for k, v in by.items()}
     assert target_row(by, "bursty")["goodput_over"] == "whole run"
+    # and with nothing dropped or late either, the targets do not apply
+    by[("bursty", "pard")] = replace(by[("bursty", "pard")], dropped=0, late=0)
+    assert target_row(by, "bursty")["meets"] is None
 
 
 def _setup(**kw: object):
