@@ -176,7 +176,10 @@ def test_the_document_publishes_the_bodies_and_answers() -> None:
     for name in ("MultiQueryRequest", "Stage", "RequestAnswer", "StageAnswer"):
         jsonschema.Draft202012Validator.check_schema(schemas[name])
     responses = DOC["paths"]["/v1/requests"]["post"]["responses"]
-    assert set(responses) == {"200", "400", "413", "415", "422", "500", "502", "503", "504"}
+    assert set(responses) == {
+        *("200", "400", "401", "403", "408", "413", "415", "422", "429"),
+        *("500", "502", "503", "504"),
+    }
 
 
 # -- the stages' SLOs ---------------------------------------------------------------------
