@@ -72,6 +72,7 @@ def _read_announcement(p: subprocess.Popen[bytes], timeout_s: float) -> dict[str
         sel.close()
     p.kill()
     p.wait(5)
+    p.stdout.close()  # else its pipe is reported unclosed in whichever test runs next
     raise RuntimeError(f"process did not announce itself (exit {p.returncode}): {buf!r}")
 
 
