@@ -103,6 +103,14 @@ class AdmissionGate:
         counts[0] += missed
         counts[1] += 1
 
+    def note_tasks(self, misses: int, total: int, cls: str) -> None:
+        """Several tasks' deadline outcomes of one class (a frame of results), as `note_task`."""
+        counts = self._pending.get(cls)
+        if counts is None:
+            counts = self._pending[cls] = [0, 0]
+        counts[0] += misses
+        counts[1] += total
+
     def record_tasks(self, misses: int, total: int, cls: str) -> None:
         """Several tasks' outcomes of one class at once, at the current time."""
         now = self.clock()

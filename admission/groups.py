@@ -144,6 +144,18 @@ class RequestGroups:
             g.service_ms_sum += service_ms
             g.service_samples += 1
 
+    def tasks_done(
+        self, key: tuple[str, str, int], ended: int, service_ms_sum: float, ran: int
+    ) -> None:
+        """Several of its tasks ended (a frame of results), `ran` of them with service times
+        that sum to `service_ms_sum`."""
+        g = self.groups.get(key)
+        if g is None:
+            return
+        g.tasks_outstanding = max(g.tasks_outstanding - ended, 0)
+        g.service_ms_sum += service_ms_sum
+        g.service_samples += ran
+
     def snapshot(self, now: float, slots: dict[str, int]) -> list[dict[str, Any]]:
         """Every group with its statistics (GET /v1/groups); `slots` per pool."""
         out = []

@@ -17,6 +17,7 @@ from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 from taskserver.extras import EXTRAS, needs
+from taskserver.heap import settle_heap
 from taskserver.logformat import LOG_FORMATS, configure_logging
 from taskserver.queues import QueuePolicy
 
@@ -77,7 +78,9 @@ def run_async(
 
 
 def _announce(line: str) -> None:
-    """Print the bound address on stdout once listening (scripts and tests read it)."""
+    """Print the bound address on stdout once listening (scripts and tests read it); the
+    service is set up then, so its heap is settled (taskserver.heap)."""
+    settle_heap()
     print(line, flush=True)
 
 

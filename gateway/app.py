@@ -34,6 +34,7 @@ from gateway.request_ids import caller_of, stamp_response
 from gateway.request_path import RequestPath
 from gateway.requests import parse_multi_query, parse_query, parse_register
 from gateway.retry_after import delta_seconds
+from gateway.server_listing import ServerQuery, list_servers
 from gateway.service import GatewayService
 from taskserver import jsonbody
 from taskserver.tls import http_server_tls
@@ -176,8 +177,13 @@ async def post_query(request: web.Request) -> web.Response:
     answer = await service.run_query(req, t0, caller=caller)
     status = QUERY_STATUS[answer.outcome]
     headers = _retry_after(request) if answer.outcome.may_retry else None
-    return web.json_response(
-        {**answer.body, "request_id": caller.request_id}, status=status, headers=headers
+    # Rendered once, task results embedded as their servers wrote them (gateway.queries).
+    return web.Response(
+        body=answer.render(request_id=caller.request_id),
+        status=status,
+        headers=headers,
+        content_type="application/json",
+        charset="utf-8",
     )
 
 
@@ -198,10 +204,10 @@ async def post_request(request: web.Request) -> web.Response:
 
 
 async def get_servers(request: web.Request) -> web.Response:
-    """GET /v1/servers."""
+    """GET /v1/servers: filtered by pool, cluster and state, paged (gateway.server_listing)."""
     service = request.app[SERVICE_KEY]
-    servers = [service.server_view(link) for link in service.links.values()]
-    return web.json_response({"servers": servers})
+    q = ServerQuery.parse(request.query)
+    return web.json_response(list_servers(service.links.values(), q, service.server_view))
 
 
 async def get_groups(request: web.Request) -> web.Response:

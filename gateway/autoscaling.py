@@ -124,11 +124,11 @@ class AutoscalerLoop:
         self._beyond_n = 0
         self._last_decision_s = -math.inf
 
-    def record_task(self, missed: bool, pool: str) -> None:
-        """One task result of any pool (only this pool's count)."""
-        if pool == self.config.pool:
-            self.window.record(missed, self.clock())
-            self.tasks_seen += 1
+    def record_tasks(self, misses: int, total: int, pool: str) -> None:
+        """Several task results of any pool at once (a frame; only this pool's count)."""
+        if pool == self.config.pool and total:
+            self.window.record_many(misses, total, self.clock())
+            self.tasks_seen += total
 
     def record_arrival(self, fanout: int, pool: str) -> None:
         """A query arrived for the pool (before admission): its tasks count in the rate."""

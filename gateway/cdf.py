@@ -45,6 +45,8 @@ COARSE_CELLS = 128
 FINE_STEPS = 32
 """Fine steps per coarse cell: a second gemv over rows x (steps + 1) pins the answer; the
 fine spacing (~0.4% for a 15-e-fold span) bounds the error at the kinks of empirical CDFs."""
+_VECTOR_MIN = 8
+"""observe_many: from this many values on, one numpy write beats a Python loop."""
 _BLOCK_INDEX = np.arange(COARSE_CELLS)[:, None] * FINE_STEPS + np.arange(FINE_STEPS + 1)
 
 
@@ -222,6 +224,7 @@ class _Row:
         "pos",
         "prior",
         "seen",
+        "shared",
         "window",
     )
 
@@ -247,6 +250,16 @@ class _Row:
         """Prior samples the window started with."""
         self.moments: ServiceMoments | None = None
         """Raw moments of the window, computed on first use after each refresh."""
+        self.shared = not window.flags.writeable
+        """The window is the prior's, shared with other rows until a sample comes (read
+        only): an idle server holds no window of its own."""
+
+    def own_window(self) -> np.ndarray:
+        """The window, made this row's own before its first write."""
+        if self.shared:
+            self.window = self.window.copy()
+            self.shared = False
+        return self.window
 
     def prior_left(self) -> int:
         """Prior samples still in the window: online ones fill its free slots, then
@@ -301,6 +314,9 @@ class CdfBook:
         self._slot_of: dict[str, int] = {}
         self._group_slot: dict[str, int] = {}
         self._rows: list[_Row | None] = []
+        self._seeded: tuple[object, np.ndarray, int, LatencyCdf | TableCdf] | None = None
+        """The last prior a row started from: (it, its seeded window, the samples in the
+        window, the window's snapshot), for the next row of the same prior."""
         self._free: list[int] = []
         self._capacity = 0
         # log F of every row on one shared log-spaced grid of COARSE_CELLS * FINE_STEPS + 1
@@ -368,7 +384,7 @@ class CdfBook:
         if not (0.0 <= post_queue_ms < math.inf):
             raise ValueError(f"post_queue_ms must be finite and >= 0, got {post_queue_ms!r}")
         row = self._live_row(slot)
-        row.window[row.pos] = post_queue_ms
+        (row.window if not row.shared else row.own_window())[row.pos] = post_queue_ms
         row.pos += 1
         if row.pos == row.window.size:
             row.pos = 0
@@ -379,14 +395,49 @@ class CdfBook:
         # TailGuard §III.C.2 updates F_l online; rebuilding the snapshot every refresh_every
         # samples (not per sample) keeps this hot path O(1) amortised.
         if row.pending >= self._refresh_every:
-            row.pending = 0
-            model = row.model if row.model is not None and row.prior_left() else None
-            row.cdf = LatencyCdf.from_samples(
-                row.window[: row.filled], self._tail_fraction, model=model
-            )
-            row.moments = None
-            self._install(slot)
-            self._version += 1
+            self._refresh(slot, row)
+
+    def observe_many(self, server_id: str, post_queue_ms: Sequence[float]) -> None:
+        """Record several post-queuing times of one server in order (a frame of results),
+        as `observe` one by one would, but with the snapshot refreshed at most once."""
+        n = len(post_queue_ms)
+        if n < _VECTOR_MIN:
+            for value in post_queue_ms:
+                self.observe(server_id, value)
+            return
+        slot = self._slot_of.get(server_id)
+        if slot is None:
+            return
+        values = np.asarray(post_queue_ms, dtype=np.float64)
+        # NaN fails both comparisons; checked before anything is written.
+        if not (values.min() >= 0.0 and values.max() < math.inf):
+            bad = values[~((values >= 0.0) & (values < math.inf))][0]
+            raise ValueError(f"post_queue_ms must be finite and >= 0, got {float(bad)!r}")
+        row = self._live_row(slot)
+        window = row.own_window()
+        size = window.size
+        # Only the last `size` values survive a batch longer than the window.
+        kept = values[-size:]
+        pos = (row.pos + n - kept.size) % size
+        first = min(kept.size, size - pos)
+        window[pos : pos + first] = kept[:first]
+        window[: kept.size - first] = kept[first:]
+        row.pos = (pos + kept.size) % size
+        row.filled = min(row.filled + n, size)
+        row.seen += n
+        row.pending += n
+        if row.pending >= self._refresh_every:
+            self._refresh(slot, row)
+
+    def _refresh(self, slot: int, row: _Row) -> None:
+        """A fresh snapshot of the row's window, installed in L."""
+        row.pending = 0
+        model = row.model if row.model is not None and row.prior_left() else None
+        samples = row.window[: row.filled]
+        row.cdf = LatencyCdf.from_samples(samples, self._tail_fraction, model=model)
+        row.moments = None
+        self._install(slot)
+        self._version += 1
 
     @property
     def version(self) -> int:
@@ -523,13 +574,22 @@ class CdfBook:
             raise KeyError(f"unknown server id {exc.args[0]!r}") from None
 
     def _new_row(self, prior_ms: ArrayLike | TableCdf, group: str | None) -> int:
-        window, filled = _seed_window(prior_ms, self._window_size)
-        row: _Row
-        if isinstance(prior_ms, TableCdf):
-            row = _Row(window, filled, prior_ms, group, model=prior_ms)
-        else:
-            cdf = LatencyCdf.from_samples(window[:filled], self._tail_fraction)
-            row = _Row(window, filled, cdf, group)
+        # Rows registered one after another with the same prior object (the servers of a
+        # pool) start from one window and one snapshot, seeded once and shared read-only
+        # until each row's first sample (_Row.own_window): an idle server holds neither.
+        seeded = self._seeded
+        if seeded is None or seeded[0] is not prior_ms:
+            window, filled = _seed_window(prior_ms, self._window_size)
+            window.setflags(write=False)
+            cdf: LatencyCdf | TableCdf
+            if isinstance(prior_ms, TableCdf):
+                cdf = prior_ms
+            else:
+                cdf = LatencyCdf.from_samples(window[:filled], self._tail_fraction)
+            seeded = self._seeded = (prior_ms, window, filled, cdf)
+        _, window, filled, cdf = seeded
+        model = prior_ms if isinstance(prior_ms, TableCdf) else None
+        row = _Row(window, filled, cdf, group, model=model)
         if self._free:
             slot = self._free.pop()
             self._rows[slot] = row

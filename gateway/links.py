@@ -13,11 +13,15 @@ another gateway is connected but takes no task from this one. When the autoscale
 ``load_per_s``, the heartbeat also reports this gateway's local request rate, and the reply's
 list of every gateway's rate is kept in ``frontends`` (taskserver.frontends, Swayam §4.2).
 
-A server that sends nothing (no result, no heartbeat reply) for ``heartbeat_timeout_s`` is
-down at once: the connection is dropped, every task it holds fails, and it leaves the
-selection. It takes tasks again once it answers a heartbeat on a new connection; what it
-held from the old one is cancelled there when it sees that connection closed (or fails
-unrun, past its SLO plus the grace). A successful TCP connect proves nothing: the kernel
+A server that sends nothing (no result, no heartbeat reply) for ``heartbeat_timeout_s`` while
+it holds tasks, or does not answer a heartbeat within it, is down at once: the connection
+is dropped, every task it holds fails, and it leaves the selection. Heartbeats are paced
+(gateway.pacing): while results come they stand in for heartbeats, and a server holding no
+task is asked at its quiet period, which grows with the servers registered beyond a few
+hundred; given work, it is back on heartbeat_s at once. A server that was down takes
+tasks again once it answers a heartbeat on a new connection; what it held from the old one
+is cancelled there when it sees that connection closed (or fails unrun, past its SLO plus
+the grace). A successful TCP connect proves nothing: the kernel
 completes it even for a stopped process.
 """
 
@@ -35,6 +39,7 @@ from typing import Any, Protocol
 
 from admission.allocation import DrrArbiter, FairArbiter
 from gateway.central import CentralQueue
+from gateway.pacing import JITTER
 from gateway.queries import PendingTask
 from taskserver.backoff import Backoff, RetryLog
 from taskserver.frontends import reported_loads
@@ -117,6 +122,8 @@ class TaskReport:
 _STATUS = {s.value: s for s in TaskStatus}
 
 ResultCallback = Callable[["ServerLink", PendingTask, TaskReport, float], None]
+ResultsCallback = Callable[["ServerLink", list[tuple[PendingTask, TaskReport]], float], None]
+"""Told the results of one frame at once: (task, report) pairs in the order they came."""
 FailureCallback = Callable[["ServerLink", PendingTask, str, str], None]
 ChangeCallback = Callable[["ServerLink"], None]
 ViolationCallback = Callable[["ServerLink", ProtocolViolation], None]
@@ -128,7 +135,8 @@ class TaskLink(Protocol):
 
     `ServerLink` is the real one (Thrift over TCP); unit tests of the query path pass fakes
     through `GatewayService(link_factory=...)`. A link reports each task's fate through the
-    callbacks it was built with: `on_result(link, task, TaskReport, now)`,
+    callbacks it was built with: `on_result(link, task, TaskReport, now)` (or, when given,
+    `on_results(link, [(task, TaskReport), ...], now)` once per frame of results),
     `on_failure(link, task, status, reason)` and, with central queueing,
     `on_dequeue(link, task)`. The autoscaler sets `load_per_s` (this gateway's local rate,
     sent with the heartbeat) and reads `frontends` (every gateway's, as the server listed
@@ -211,6 +219,8 @@ class ServerLink:
         rng: random.Random | None = None,
         tls: ReloadingContext | None = None,
         server_name: str | None = None,
+        on_results: ResultsCallback | None = None,
+        quiet_period: Callable[[], float] | None = None,
     ) -> None:
         self.server_id = server_id
         self.host = host
@@ -220,6 +230,9 @@ class ServerLink:
         self.slots = slots
         self.central = central
         self.on_result = on_result
+        self.on_results = on_results
+        """Told a whole frame's results at once (None: `on_result`, one by one): the query
+        path then updates its CDF rows, windows and counts once per frame, not per task."""
         self.on_failure = on_failure
         self.clock = clock
         self.heartbeat_s = heartbeat_s
@@ -279,8 +292,19 @@ class ServerLink:
         self._up = asyncio.Event()
         self._idle_waiters: list[asyncio.Future[None]] = []
         self._poll_now = asyncio.Event()
-        """Set to make the heartbeat ask for the status at once (a task was rejected)."""
-        self._backoff = Backoff(RECONNECT_BASE_S, RECONNECT_CAP_S, rng or random.Random())
+        """Set to make the heartbeat ask for the status at once (a task was rejected, or
+        a quiet server was given work while its heartbeat waited a long period)."""
+        self.quiet_period = quiet_period
+        """Seconds between heartbeats while the server holds no task of this gateway
+        (gateway.pacing; None: heartbeat_s)."""
+        self._stretched = False
+        """The heartbeat waits a quiet period longer than heartbeat_s."""
+        self._repoll = False
+        """A rejected task asked for the status (`_poll_now` is set for it)."""
+        self._busy_since = 0.0
+        """When the server was last given work while it held none (clock time)."""
+        self._rng = rng or random.Random()
+        self._backoff = Backoff(RECONNECT_BASE_S, RECONNECT_CAP_S, self._rng)
         """Delays between reconnects (full jitter: links to servers lost together spread)."""
         self._retry = RetryLog(f"server {server_id}: connect to {host}:{port}")
         """What to log of failed reconnects: the first, a new error, one line a minute."""
@@ -471,13 +495,23 @@ class ServerLink:
         # wait_for whose inner wait has just finished swallows a cancellation.
         while not conn.closed and not self._closing:
             start = self.clock()
+            if not first and self._results_suffice(start):
+                # Traffic is the liveness signal: a result came within the period.
+                if await self._pause():
+                    await asyncio.sleep(_REPOLL_S)
+                continue
             self._poll_now.clear()
+            self._repoll = False
             args = self._status_args(nonce)
             claimed = args.claim is not None
-            # Down one heartbeat timeout after the server was last heard from, not after
-            # this call's own timeout: a server that stops just after answering is routed
-            # around within heartbeat_timeout_s, not heartbeat_s + heartbeat_timeout_s.
-            silent_s = start - self._last_heard_s
+            # Down one heartbeat timeout after the server was last heard from while it had
+            # work, not after this call's own timeout: a server that stops just after
+            # answering is routed around within heartbeat_timeout_s, not heartbeat_s +
+            # heartbeat_timeout_s. A quiet server has nothing to say between heartbeats.
+            if self.outstanding:
+                silent_s = start - max(self._last_heard_s, self._busy_since)
+            else:
+                silent_s = min(start - self._last_heard_s, self.heartbeat_s)
             timeout_s = max(self.heartbeat_timeout_s - silent_s, _REPOLL_S)
             try:
                 st = await conn.call("status", args, timeout_s)
@@ -522,13 +556,47 @@ class ServerLink:
                 self.last_error = ""
                 self._up.set()
                 self._pump()
+            if await self._pause():
+                await asyncio.sleep(_REPOLL_S)  # a burst of rejections: one status call
+        return not first
+
+    def _paced(self) -> bool:
+        """Whether heartbeats may be skipped or spaced out (gateway.pacing): not where the
+        heartbeat renews an ownership claim (central) or reports this gateway's load."""
+        return not self.central and self.load_per_s is None
+
+    def _results_suffice(self, now: float) -> bool:
+        """The server was heard from within heartbeat_s and nothing asks for its status."""
+        return (
+            now - self._last_heard_s < self.heartbeat_s
+            and not self._poll_now.is_set()
+            and self._paced()
+        )
+
+    async def _pause(self) -> bool:
+        """Wait until the next heartbeat is due: heartbeat_s, or the quiet period while the
+        server holds no task, cut short when it is given work (then heartbeat_s from there,
+        in which its results may stand in for the heartbeat); True when a rejected task
+        asked for the status sooner."""
+        period_s = self.heartbeat_s
+        if self.quiet_period is not None and not self.outstanding and self._paced():
+            quiet_s = self.quiet_period()
+            if quiet_s > period_s:
+                period_s = quiet_s * self._rng.uniform(1.0 - JITTER, 1.0 + JITTER)
+        stretched = self._stretched = period_s > self.heartbeat_s
+        try:
+            await asyncio.wait_for(self._poll_now.wait(), period_s)
+        except TimeoutError:
+            return False
+        finally:
+            self._stretched = False
+        if stretched and not self._repoll:
+            self._poll_now.clear()  # given work: the regular period from now
             try:
                 await asyncio.wait_for(self._poll_now.wait(), self.heartbeat_s)
             except TimeoutError:
-                pass
-            else:
-                await asyncio.sleep(_REPOLL_S)  # a burst of rejections: one status call
-        return not first
+                return False
+        return True
 
     def _on_claim_answer(self, error: Any) -> None:
         """Log once when the server starts or stops refusing this gateway's claims."""
@@ -633,6 +701,11 @@ class ServerLink:
         if self.state != "up" or self._conn is None or self._conn.closed:
             raise LinkDown(f"server {self.server_id} is {self.state}: {self.last_error}")
         qid = p.run.query_id
+        if not self.outstanding:
+            self._busy_since = self.clock()
+            if self._stretched:
+                self._stretched = False
+                self._poll_now.set()  # ends a long quiet wait: the regular period from now
         self.outstanding[qid] = p
         if self.queue is None:
             self._send(p, self.clock())
@@ -655,11 +728,12 @@ class ServerLink:
         # Budgets are durations; the dispatch delay is spent before the server sees them.
         # Positional, in IDL field order (query_id, task_index, deadline_budget_ms,
         # slo_budget_ms, priority, class_name, payload): this runs once per task.
+        one_way_ms = self.round_trips.one_way_ms
         task = self._t.Task(
             p.run.query_id,
             p.index,
-            (p.deadline_s - now) * 1000.0 - self.one_way_ms,
-            (p.slo_deadline_s - now) * 1000.0 - self.one_way_ms,
+            (p.deadline_s - now) * 1000.0 - one_way_ms,
+            (p.slo_deadline_s - now) * 1000.0 - one_way_ms,
             p.priority,
             p.class_name,
             p.payload,
@@ -691,34 +765,51 @@ class ServerLink:
         return await self._conn.call("status", self._t.TaskServer.status_args(), timeout_s)
 
     def _on_message(self, name: str, mtype: int, seqid: int, body: Any) -> None:
-        self._last_heard_s = self.clock()
+        # One clock read per frame: its results arrived together.
+        self._last_heard_s = now = self.clock()
         if name == "result":
-            self._on_task_result(body.result)
+            results = (body.result,)
         elif name == "result_batch":
-            for r in body.results or ():
-                self._on_task_result(r)
+            results = body.results or ()
+        else:
+            return
+        batch: list[tuple[PendingTask, TaskReport]] = []
+        for r in results:
+            report = self._take_result(r)
+            if report is not None:
+                batch.append(report)
+        if not batch:
+            return
+        if self.on_results is not None:
+            self.on_results(self, batch, now)
+            return
+        for p, report in batch:
+            self.on_result(self, p, report, now)
 
-    def _on_task_result(self, r: Any) -> None:
-        p = self.outstanding.get(r.query_id)
+    def _take_result(self, r: Any) -> tuple[PendingTask, TaskReport] | None:
+        """The task a result is for, and the result in our own types; None when it is for
+        no task outstanding here, or is not to be believed (the task then fails)."""
+        outstanding = self.outstanding
+        p = outstanding.get(r.query_id)
         if p is None or p.index != r.task_index:
-            return  # the query already ended (failed, timed out, or cancelled)
+            return None  # the query already ended (failed, timed out, or cancelled)
         problem = result_problem(r)
         if problem is not None:  # nothing of it is believed: not its timings, not its status
             self._fail_one(r.query_id, p, f"server {self.server_id} sent a bad result: {problem}")
-            return
-        del self.outstanding[r.query_id]
+            return None
+        del outstanding[r.query_id]
         if self._idle_waiters:
             self._notify_idle()
         status = _STATUS[r.status]  # result_problem checked it is one
         if status is TaskStatus.REJECTED:
-            self._poll_now.set()  # REJECTED: is the server draining, or owned elsewhere now?
-        now = self.clock()
+            self._repoll = True  # REJECTED: is the server draining, or owned elsewhere now?
+            self._poll_now.set()
         self.results += 1
         if self.queue is not None:
             self.queue.done()
             self._pump()
         # Positional, in field order: this runs once per task.
-        report = TaskReport(
+        return p, TaskReport(
             status,
             r.queue_ms,
             r.service_ms,
@@ -727,4 +818,3 @@ class ServerLink:
             r.result,
             r.error,
         )
-        self.on_result(self, p, report, now)

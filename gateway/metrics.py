@@ -372,8 +372,28 @@ class GatewayMetrics:
         )
         self.server_windows = ServerMissRatios()
         """Per-server and per-pool task counts and windows."""
+        # labels() validates and locks on every call: the query path's children, found once.
+        self._query_children: dict[tuple[str, str], Any] = {}
+        self._unloaded_children: dict[tuple[str, int], Any] = {}
         self.recent_latency_ms: dict[str, deque[float]] = {}
         """Class -> latencies of answered queries since the history sampler last drained them."""
+
+    def count_query(self, cls: str, outcome: str) -> None:
+        """Count one query answered (tailgate_queries_total), its child looked up once."""
+        key = (cls, outcome)
+        child = self._query_children.get(key)
+        if child is None:
+            child = self._query_children[key] = self.queries.labels(cls, outcome)
+        child.inc()
+
+    def set_unloaded(self, cls: str, fanout: int, unloaded_ms: float) -> None:
+        """The x_p^u(k_f) just computed for a query of this class and fanout."""
+        key = (cls, fanout)
+        child = self._unloaded_children.get(key)
+        if child is None:
+            child = self.unloaded_latency.labels(cls, fanout_bucket(fanout))
+            self._unloaded_children[key] = child
+        child.set(unloaded_ms / 1000.0)
 
     def query_answered(self, cls: str, fanout: int, latency_ms: float) -> None:
         """Count one query whose tasks all succeeded, with its latency."""
@@ -395,6 +415,11 @@ class GatewayMetrics:
         key = (pool, status)
         self.task_counts[key] = self.task_counts.get(key, 0) + 1
 
+    def tasks_done(self, pool: str, status: str, n: int) -> None:
+        """Count `n` task outcomes of one status (a frame of results)."""
+        key = (pool, status)
+        self.task_counts[key] = self.task_counts.get(key, 0) + n
+
     def task_dropped(self, pool: str, error: str | None) -> None:
         """Count one task dropped on purpose, under the module its error names."""
         key = (pool, dropped_module(error))
@@ -411,8 +436,12 @@ class GatewayMetrics:
 
     def deadline_missed(self, cls: str, pool: str) -> None:
         """Count one task dequeued after its t_D."""
+        self.deadlines_missed(cls, pool, 1)
+
+    def deadlines_missed(self, cls: str, pool: str, n: int) -> None:
+        """Count `n` tasks of a class dequeued after their t_D."""
         key = (cls, pool)
-        self.miss_counts[key] = self.miss_counts.get(key, 0) + 1
+        self.miss_counts[key] = self.miss_counts.get(key, 0) + n
 
     def admission_rejected(self, cls: str, reason: str) -> None:
         """Count one query rejected by admission control."""

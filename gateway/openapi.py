@@ -11,6 +11,7 @@ from typing import Any
 from gateway.auth import Access, access_of
 from gateway.connections import PROBE_PATHS
 from gateway.requests import REQUEST_BODIES
+from gateway.server_listing import MAX_PAGE, STATES
 
 _ERROR = {
     "type": "object",
@@ -198,6 +199,11 @@ _SERVER = {
             "type": "number",
             "description": "seconds since the server last registered or refreshed it",
         },
+        "refresh_s": {
+            "type": "number",
+            "description": "in a registration's answer only: the least wait before the server "
+            "refreshes its registration (longer with more servers registered)",
+        },
         "post_queue_ms": {"type": "object", "additionalProperties": {"type": "number"}},
         "rtt_ms": {
             "type": ["number", "null"],
@@ -262,6 +268,14 @@ def _json(schema: str, description: str) -> dict[str, Any]:
 
 def _err(description: str) -> dict[str, Any]:
     return _json("Error", description)
+
+
+def _query_param(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
+    """An optional query-string parameter."""
+    return {
+        "name": name, "in": "query", "required": False, "description": description,
+        "schema": schema,
+    }  # fmt: skip
 
 
 def _either(description: str, *schemas: str) -> dict[str, Any]:
@@ -451,6 +465,29 @@ def openapi_document() -> dict[str, Any]:
             "/v1/servers": {
                 "get": {
                     "summary": "List task servers",
+                    "description": "Every registered server, in registration order, or those "
+                    "the filters keep. With `limit` or `after` the answer is one page in "
+                    "server-id order, with `total` and `next_after` (the `after` of the next "
+                    "page; null on the last).",
+                    "parameters": [
+                        _query_param("pool", {"type": "string"}, "only this pool's servers"),
+                        _query_param("cluster", {"type": "string"}, "only this cluster's"),
+                        _query_param(
+                            "state",
+                            {"type": "string", "enum": list(STATES)},
+                            "only servers in this state",
+                        ),
+                        _query_param(
+                            "limit",
+                            {"type": "integer", "minimum": 1, "maximum": MAX_PAGE},
+                            "servers a page",
+                        ),
+                        _query_param(
+                            "after",
+                            {"type": "string"},
+                            "only servers whose id sorts after this one",
+                        ),
+                    ],
                     "responses": {
                         "200": {
                             "description": "servers",
@@ -462,12 +499,15 @@ def openapi_document() -> dict[str, Any]:
                                             "servers": {
                                                 "type": "array",
                                                 "items": {"$ref": "#/components/schemas/Server"},
-                                            }
+                                            },
+                                            "total": {"type": "integer"},
+                                            "next_after": {"type": ["string", "null"]},
                                         },
                                     }
                                 }
                             },
-                        }
+                        },
+                        "400": _err("bad state or limit"),
                     },
                 },
                 "post": {

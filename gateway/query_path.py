@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
@@ -41,7 +42,7 @@ from gateway.deadlines import DeadlineEstimator, DeadlinePlan, SloUnreachable
 from gateway.deferral import DeferralQueue
 from gateway.errors import ApiError, SloUnreachableError, Unavailable
 from gateway.links import LinkDown, TaskLink, TaskReport
-from gateway.metrics import GatewayMetrics, fanout_bucket
+from gateway.metrics import GatewayMetrics
 from gateway.overload import PREDICTED_MISS, admit
 from gateway.queries import (
     CANCELLED,
@@ -55,6 +56,7 @@ from gateway.queries import (
     QueryOutcome,
     QueryRun,
     TaskOutcome,
+    render_answer,
 )
 from gateway.requests import QueryRequest, Targets, check_task
 from gateway.server_registry import ServerRegistry
@@ -64,6 +66,10 @@ from gateway.tracing import Caller, GatewayTracer, QuerySpan
 from gateway.waits import NewTask, largest_mean_ms, link_wait
 from taskserver.abc import InvalidTask
 from taskserver.wire import TaskStatus
+
+_LABEL = [TaskStatus(i).label for i in range(len(TaskStatus))]
+"""TaskStatus -> the API's status name, by index (an IntEnum indexes a list in C)."""
+_OK, _REJECTED, _DROPPED = TaskStatus.OK, TaskStatus.REJECTED, TaskStatus.DROPPED
 
 GROUP_RATE_WINDOW_S = 10.0
 """GET /v1/groups: a group's arrival rate is weighted over this many seconds."""
@@ -94,6 +100,11 @@ class QueryAnswer:
     def body(self) -> dict[str, Any]:
         """The JSON answer: the summary plus every task's outcome."""
         return {**self.summary, "tasks": [o.to_json() for o in self.outcomes]}
+
+    def render(self, **extra: Any) -> bytes:
+        """`body` and then `extra`'s keys as JSON bytes, each distinct task result read once
+        (gateway.queries.render_answer): what the HTTP shell sends."""
+        return render_answer(self.summary, self.outcomes, extra)
 
 
 DRAIN_MARGIN_S = 0.5
@@ -206,9 +217,7 @@ class QueryPath:
                     "fanout": exc.fanout,
                 },
             ) from exc
-        self.metrics.unloaded_latency.labels(
-            req.class_name or "custom", fanout_bucket(len(links))
-        ).set(plan.unloaded_ms / 1000.0)
+        self.metrics.set_unloaded(req.class_name or "custom", len(links), plan.unloaded_ms)
         return plan
 
     async def run_query(
@@ -627,7 +636,7 @@ class QueryPath:
                 outcome, code = QueryOutcome.FAILED, "task_failed"
                 message = f"task on server {first.server} {first.status}: {first.error}"
             body["error"] = {"code": code, "message": message, "field": field}
-        self.metrics.queries.labels(cls, outcome.metric).inc()
+        self.metrics.count_query(cls, outcome.metric)
         return QueryAnswer(outcome, body, outcomes)
 
     def _unreachable(self, down: list[TaskLink]) -> Unavailable:
@@ -698,11 +707,21 @@ class QueryPath:
         return waiting / slots
 
     def on_result(self, link: TaskLink, p: PendingTask, r: TaskReport, now: float) -> None:
-        """A task's result came back: record it; in a retry pool, a busy refusal sends the
-        task to another server instead (Swayam §4.5)."""
-        if r.status is TaskStatus.REJECTED and self._placed and self._retry_busy(link, p, r, now):
-            return
-        self._record(link, p, r, now)
+        """A task's result came back (`on_results` with one)."""
+        self.on_results(link, [(p, r)], now)
+
+    def on_results(
+        self, link: TaskLink, batch: list[tuple[PendingTask, TaskReport]], now: float
+    ) -> None:
+        """Results that came back together from one server (a frame): recorded at once; in
+        a retry pool, a busy refusal sends its task to another server instead (Swayam §4.5)."""
+        if self._placed:
+            batch = [
+                (p, r)
+                for p, r in batch
+                if r.status is not _REJECTED or not self._retry_busy(link, p, r, now)
+            ]
+        self._record(link, batch, now)
 
     def _retry_busy(self, link: TaskLink, p: PendingTask, r: TaskReport, now: float) -> bool:
         """Whether this refusal is taken care of by a retry (or left to the SLO timer): a
@@ -739,7 +758,7 @@ class QueryPath:
         used = {lk.server_id for lk in placed.links}
         new = self.targets.replacement(placed.targets, refused, run.query_id, used)
         if new is None:  # the last one left took another task of the query meanwhile
-            self._record(refused, p, r, at_s)
+            self._record(refused, [(p, r)], at_s)
             return
         p.retries += 1
         p.server_id = new.server_id
@@ -753,69 +772,106 @@ class QueryPath:
         except LinkDown as exc:
             self.on_failure(new, p, LOST, str(exc))
 
-    def _record(self, link: TaskLink, p: PendingTask, r: TaskReport, now: float) -> None:
-        """A task's outcome: into the CDF book, the miss windows, the metrics and its query."""
-        status = r.status.label
-        if link.central:
-            # The dequeue happened here, when the task was sent (TailGuard §III.C.2).
-            post_queue_ms = (now - p.sent_s) * 1000.0
-            queue_ms = p.gateway_queue_ms + r.queue_ms
-            missed = bool(p.missed_deadline)
-        else:
-            # No shared clock: split the round trip into server time and network time,
-            # and charge the server's post-dequeue part plus the return half.
-            rtt_ms = (now - p.sent_s) * 1000.0
-            net_ms = max(rtt_ms - r.server_ms, 0.0)
-            post_queue_ms = (r.server_ms - r.queue_ms) + net_ms / 2.0
-            queue_ms = r.queue_ms + net_ms / 2.0
-            missed = bool(r.missed_deadline)
-        self.metrics.task_done(link.pool, status)
-        if r.status is TaskStatus.DROPPED:
-            self.metrics.task_dropped(link.pool, r.error)
-        if status == OK:
-            if p.est_wait_ms is not None:
-                # The server's own queue wait (server queueing: no network in it).
-                actual_ms = queue_ms if link.central else r.queue_ms
-                self.metrics.wait_estimate_error(link.pool, actual_ms, p.est_wait_ms)
-            self.book.observe(link.server_id, post_queue_ms)
-            if not link.central:
-                # TailGuard §III.D: the miss flag comes back with the result (central
-                # queueing counted it at the dequeue, on_dequeue).
-                self.gate.note_task(missed, p.class_name)
-                if self.tenants.gates:
-                    self.tenants.note_task(p.flow, missed, p.class_name)
-            if self.autoscaler is not None:
-                self.autoscaler.record_task(missed, link.pool)
-            if missed:
-                self.metrics.deadline_missed(p.class_name, link.pool)
-            self.metrics.server_windows.task(link.server_id, link.pool, missed)
-        # Positional: this runs once per task (field order of TaskOutcome).
-        outcome = TaskOutcome(
-            link.server_id,
-            status,
-            queue_ms,
-            r.service_ms,
-            post_queue_ms,
-            r.server_ms,
-            missed,
-            r.result,
-            r.error,
-            p.est_wait_ms,
-            p.retries,
-        )
-        if p.trace is not None:
-            p.trace.end(
+    def _record(
+        self, link: TaskLink, batch: list[tuple[PendingTask, TaskReport]], now: float
+    ) -> None:
+        """Tasks' outcomes from one server: into their queries, and into the CDF book, the
+        miss windows and the metrics once for the batch (a frame of results, not a task)."""
+        central = link.central
+        server_id, pool = link.server_id, link.pool
+        metrics, groups, tenants = self.metrics, self.groups, self.tenants
+        statuses: dict[str, int] = {}
+        post_queue: list[float] = []
+        """Post-queuing times of the tasks that ran (status ok), for the CDF book."""
+        by_class: dict[str, list[int]] = {}
+        """Class -> [misses, tasks] of the tasks that ran."""
+        by_group: dict[tuple[str, str, int], list[float]] = {}
+        """Request group -> [tasks ended, service ms summed, tasks that ran]."""
+        for p, r in batch:
+            status = _LABEL[r.status]
+            if central:
+                # The dequeue happened here, when the task was sent (TailGuard §III.C.2).
+                post_queue_ms = (now - p.sent_s) * 1000.0
+                queue_ms = p.gateway_queue_ms + r.queue_ms
+                missed = bool(p.missed_deadline)
+            else:
+                # No shared clock: split the round trip into server time and network time,
+                # and charge the server's post-dequeue part plus the return half.
+                rtt_ms = (now - p.sent_s) * 1000.0
+                net_ms = max(rtt_ms - r.server_ms, 0.0)
+                post_queue_ms = (r.server_ms - r.queue_ms) + net_ms / 2.0
+                queue_ms = r.queue_ms + net_ms / 2.0
+                missed = bool(r.missed_deadline)
+            statuses[status] = statuses.get(status, 0) + 1
+            ran = r.status is _OK
+            if ran:
+                if p.est_wait_ms is not None:
+                    # The server's own queue wait (server queueing: no network in it).
+                    actual_ms = queue_ms if central else r.queue_ms
+                    metrics.wait_estimate_error(pool, actual_ms, p.est_wait_ms)
+                post_queue.append(post_queue_ms)
+                counts = by_class.get(p.class_name)
+                if counts is None:
+                    counts = by_class[p.class_name] = [0, 0]
+                counts[0] += missed
+                counts[1] += 1
+                if tenants.gates and not central:
+                    tenants.note_task(p.flow, missed, p.class_name)
+            elif r.status is _DROPPED:
+                metrics.task_dropped(pool, r.error)
+            # Positional: this runs once per task (field order of TaskOutcome).
+            outcome = TaskOutcome(
+                server_id,
                 status,
-                link.server_id,
+                queue_ms,
+                r.service_ms,
+                post_queue_ms,
+                r.server_ms,
+                missed,
+                r.result,
+                r.error,
+                p.est_wait_ms,
                 p.retries,
-                queue_ms=queue_ms,
-                service_ms=r.service_ms,
-                missed=missed,
-                error=r.error,
             )
-        p.run.complete(p.index, outcome, now)
-        if p.run.group is not None:
-            self.groups.task_done(p.run.group, r.service_ms if status == OK else None)
+            if p.trace is not None:
+                p.trace.end(
+                    status,
+                    server_id,
+                    p.retries,
+                    queue_ms=queue_ms,
+                    service_ms=r.service_ms,
+                    missed=missed,
+                    error=r.error,
+                )
+            run = p.run
+            run.complete(p.index, outcome, now)
+            if run.group is not None:
+                ended = by_group.get(run.group)
+                if ended is None:
+                    ended = by_group[run.group] = [0, 0.0, 0]
+                ended[0] += 1
+                service_ms = r.service_ms
+                if ran and 0.0 <= service_ms < math.inf:
+                    ended[1] += service_ms
+                    ended[2] += 1
+        for status, n in statuses.items():
+            metrics.tasks_done(pool, status, n)
+        if post_queue:
+            self.book.observe_many(server_id, post_queue)
+            misses = 0
+            for cls, (missed_n, n) in by_class.items():
+                if not central:
+                    # TailGuard §III.D: the miss flag comes back with the result (central
+                    # queueing counted it at the dequeue, on_dequeue).
+                    self.gate.note_tasks(missed_n, n, cls)
+                if missed_n:
+                    metrics.deadlines_missed(cls, pool, missed_n)
+                misses += missed_n
+            if self.autoscaler is not None:
+                self.autoscaler.record_tasks(misses, len(post_queue), pool)
+            metrics.server_windows.tasks(server_id, pool, len(post_queue), misses)
+        for group, (ended_n, service_sum, ran_n) in by_group.items():
+            groups.tasks_done(group, int(ended_n), service_sum, int(ran_n))
 
     def on_dequeue(self, link: TaskLink, p: PendingTask) -> None:
         """Central queueing: a task left this gateway's queue; its miss is known now."""

@@ -21,8 +21,15 @@ from admission.allocation import DrrArbiter, FairArbiter
 from gateway.cdf import CdfBook
 from gateway.config import GatewayConfig, PoolConfig, parse_address
 from gateway.errors import NotFound
-from gateway.links import DequeueCallback, FailureCallback, ResultCallback, TaskLink
+from gateway.links import (
+    DequeueCallback,
+    FailureCallback,
+    ResultCallback,
+    ResultsCallback,
+    TaskLink,
+)
 from gateway.metrics import GatewayMetrics
+from gateway.pacing import heartbeat_period_s, refresh_period_s
 from gateway.requests import RegisterRequest
 from gateway.retry_after import server_back_s
 from gateway.table_cdf import prior_of
@@ -81,6 +88,8 @@ class ServerRegistry:
         loaded here, so a bad certificate file stops the gateway before it listens."""
         self.on_result: ResultCallback = _unwired
         """Told each task's result (the query path's, wired by GatewayService)."""
+        self.on_results: ResultsCallback | None = None
+        """Told a frame's results at once, when wired (the query path's batch form)."""
         self.on_failure: FailureCallback = _unwired
         self.on_dequeue: DequeueCallback = _unwired
         self.arbiter_for: Callable[[], DrrArbiter | FairArbiter | None] = lambda: None
@@ -127,7 +136,7 @@ class ServerRegistry:
                 req.cluster,
             ):
                 existing.registered_s = self.clock()  # a refresh is the server's heartbeat
-                return False, self.server_view(existing)
+                return False, self._registered_view(existing)
             await self.deregister(req.id)
         host, port = parse_address(req.address)
         pool = self._pools[req.pool]
@@ -146,7 +155,9 @@ class ServerRegistry:
             central=central,
             policy=pool.policy,
             on_result=self.on_result,
+            on_results=self.on_results,
             on_failure=self.on_failure,
+            quiet_period=self._quiet_period,
             clock=self.clock,
             heartbeat_s=self.config.heartbeat_s,
             heartbeat_timeout_s=self.config.heartbeat_timeout_s,
@@ -174,7 +185,17 @@ class ServerRegistry:
             req.address,
             extra={"server_id": req.id, "pool": req.pool, "outcome": "registered"},
         )
-        return True, self.server_view(link)
+        return True, self._registered_view(link)
+
+    def _quiet_period(self) -> float:
+        """Seconds between heartbeats to a server that holds no task (gateway.pacing)."""
+        return heartbeat_period_s(self.config.heartbeat_s, len(self.links))
+
+    def _registered_view(self, link: TaskLink) -> dict[str, Any]:
+        """A registration's answer: the server's view and how long it should wait before
+        refreshing the registration (gateway.pacing: more servers, rarer refreshes)."""
+        refresh_s = refresh_period_s(len(self.links))
+        return {**self.server_view(link), "refresh_s": round(refresh_s, 3)}
 
     async def deregister(self, server_id: str, drain_s: float = 0.0) -> dict[str, Any]:
         """Remove a server; with drain_s, first let its outstanding tasks finish.

@@ -51,6 +51,14 @@ class ServerMissRatios:
         if missed:
             c[1] += 1
 
+    def tasks(self, server: str, pool: str, n: int, misses: int) -> None:
+        """Count `n` tasks that ran on a server, `misses` of them late (a frame of results)."""
+        c = self.counts.get((server, pool))
+        if c is None:
+            c = self.counts[(server, pool)] = [0, 0]
+        c[0] += n
+        c[1] += misses
+
     def update(self, now: float) -> None:
         """Feed the counts that arrived since the last update into the windows."""
         by_pool: dict[str, list[int]] = {}

@@ -90,6 +90,7 @@ class GatewayService:
         # before anything listens (gateway.tracing).
         self.query.tracer = open_gateway_tracer(config.tracing, clock)
         self.servers.on_result = self.query.on_result
+        self.servers.on_results = self.query.on_results
         self.servers.on_failure = self.query.on_failure
         self.servers.on_dequeue = self.query.on_dequeue
         self.servers.arbiter_for = self.query.tenants.arbiter

@@ -293,10 +293,15 @@ class TargetPicker:
 
     def _sample(self, members: list[str], k: int) -> list[TaskLink]:
         """k random servers of members, live ones preferred."""
+        links = self.links
+        # Most of the time every server is live: a draw of k that are all live is a uniform
+        # draw among the live ones, found in O(k), not O(pool), per query.
+        chosen = [links[s] for s in self.rng.sample(members, k)]
+        if all(lk.is_up for lk in chosen):
+            return chosen
         # Falls back to any when too few are live, so that the query's 503 names the down ones.
-        live = [s for s in members if self.links[s].is_up]
-        chosen = self.rng.sample(live if len(live) >= k else members, k)
-        return [self.links[s] for s in chosen]
+        live = [s for s in members if links[s].is_up]
+        return [links[s] for s in self.rng.sample(live if len(live) >= k else members, k)]
 
     def _cluster(self, pool: str, cluster: str, field: str) -> list[str]:
         """Member ids of a known cluster of the pool; 400 naming the known ones otherwise."""

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+import math
 import random
 import ssl
 import time
@@ -50,6 +52,11 @@ __all__ = ["drain_and_leave", "register_forever", "retire_when_idle"]
 
 log = logging.getLogger(__name__)
 
+MAX_REFRESH_S = 3600.0
+"""The longest wait between registration refreshes a gateway's answer may ask for."""
+REFRESH_JITTER = 0.25
+"""A refresh the gateway spaced out comes 0 to this fraction later than it asked: servers
+registered together spread out."""
 LEAVE_MARGIN_S = 2.0
 """The gateway waits this much longer than the server drains: the server's own verdicts
 (REJECTED) then reach it before it gives up on the link."""
@@ -111,11 +118,16 @@ async def _register_with(
     extra = {"server_id": config.server_id, "pool": config.pool}
     while not stop.is_set():
         # urllib uses the context for an https URL only
-        failure = await _register(url, body, headers, None if tls is None else tls.current())
+        failure, asked_s = await _register(
+            url, body, headers, None if tls is None else tls.current()
+        )
         now = time.monotonic()
         if failure is None:
             backoff.reset()
+            # A gateway with many servers asks for rarer refreshes (gateway.pacing).
             wait_s = interval_s
+            if asked_s > interval_s:
+                wait_s = asked_s * rng.uniform(1.0, 1.0 + REFRESH_JITTER)
             line = retry.succeeded(now)
             if line is not None:
                 log.info("%s", line, extra=extra)
@@ -133,8 +145,9 @@ async def _register_with(
 
 async def _register(
     url: str, body: dict[str, Any], headers: dict[str, str], context: ssl.SSLContext | None
-) -> tuple[int, str] | None:
-    """One registration: None when it took, else (log level, what went wrong)."""
+) -> tuple[tuple[int, str] | None, float]:
+    """One registration: (None, the refresh wait its answer asks for, 0 if none) when it
+    took, else ((log level, what went wrong), 0)."""
     try:
         # shorter than the drain's wait for it, so none lands after the DELETE
         status, text = await gateway_call(
@@ -142,12 +155,29 @@ async def _register(
         )
     except GatewayUnreachable as exc:
         # A certificate refused either way is no passing outage: say so loudly.
-        return (logging.WARNING if exc.tls else logging.INFO), f"gateway not reachable: {exc}"
+        level = logging.WARNING if exc.tls else logging.INFO
+        return (level, f"gateway not reachable: {exc}"), 0.0
     if status == 401:
-        return logging.ERROR, "refused: wrong or missing token (401)"
+        return (logging.ERROR, "refused: wrong or missing token (401)"), 0.0
     if status >= 400:
-        return logging.WARNING, f"refused ({status}): {text}"
-    return None
+        return (logging.WARNING, f"refused ({status}): {text}"), 0.0
+    return None, asked_refresh_s(text)
+
+
+def asked_refresh_s(answer: str) -> float:
+    """The ``refresh_s`` a registration's answer asks for, within 0..MAX_REFRESH_S (0: none,
+    or not a number: an older gateway, or a body that is not its answer)."""
+    try:
+        asked = json.loads(answer).get("refresh_s")
+    except (ValueError, AttributeError):
+        return 0.0
+    if isinstance(asked, bool) or not isinstance(asked, int | float):
+        return 0.0
+    try:
+        value = float(asked)
+    except OverflowError:  # an integer beyond any float
+        value = math.inf
+    return 0.0 if math.isnan(value) else min(max(value, 0.0), MAX_REFRESH_S)
 
 
 async def retire_when_idle(service: Drainable, config: TaskServerConfig) -> None:

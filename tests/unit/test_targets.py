@@ -255,3 +255,32 @@ def test_too_few_servers_taking_queries_is_503_and_too_small_a_pool_is_400() -> 
     picker.leave(picker.links["a"])
     with pytest.raises(Unavailable, match="0 of its 3"):
         pick(picker, {"pool": "default", "fanout": 1})
+
+
+def test_a_random_pick_is_uniform_over_the_live_ones_and_asks_only_the_drawn() -> None:
+    servers = {f"s{i}": None for i in range(8)}
+    picker = make_picker(servers, down=("s0", "s1"))
+    seen: Counter[str] = Counter()
+    for _ in range(3000):
+        ids = pick(picker, {"pool": "edge", "fanout": 3})
+        assert len(set(ids)) == 3 and not {"s0", "s1"} & set(ids)
+        seen.update(ids)
+    assert set(seen) == {f"s{i}" for i in range(2, 8)}
+    assert max(seen.values()) / min(seen.values()) < 1.2  # 1,500 picks each, give or take
+
+    big = make_picker({f"b{i}": None for i in range(2000)})
+    asked: list[str] = []
+    for lk in big.links.values():
+        lk.__class__ = _CountingLink
+        lk.asked = asked  # type: ignore[attr-defined]
+    pick(big, {"pool": "edge", "fanout": 5})
+    assert len(asked) == 5  # the 5 drawn, not the 2,000 of the pool
+
+
+class _CountingLink(ServerLink):
+    """A ServerLink that notes each time it is asked whether it is up."""
+
+    @property
+    def is_up(self) -> bool:
+        self.asked.append(self.server_id)  # type: ignore[attr-defined]
+        return True

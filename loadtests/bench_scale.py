@@ -1,0 +1,171 @@
+"""Many task servers behind one gateway: its memory, idle CPU, listing and query tail by N.
+
+For each N: a real gateway process (``tailgate gateway``) and N emulated task servers with
+zero service time, ``per_process`` of them to a process (``tailgate taskserver --count``),
+which register themselves with it (and refresh their registration, and answer its
+heartbeats, as real ones do). Once all N are up and a settling pause has passed:
+
+- gateway RSS: its resident memory (/proc), and per server beyond the smallest N;
+- gateway CPU while idle: its CPU share (user + system, /proc) over ``idle_s`` seconds in
+  which no query runs (heartbeats and registration refreshes only);
+- ``GET /v1/servers``: the median time of the whole listing, and of one page of 100;
+- fanout-100 p99: the gateway's latency_ms of queries of fanout 100 (random servers of the
+  pool) from ``clients`` clients, p50 and p99 (fanout min(100, N)).
+
+On one small machine the server processes share the cores with the gateway; what the
+gateway spends is its own (/proc), its latencies are those of the whole machine.
+
+    python -m loadtests.bench_scale [--servers 10,100,500,1000] [--per-process 250]
+        [--idle-s 10] [--queries 300] [--clients 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import aiohttp
+
+from loadtests.bench_http import Gateway
+from loadtests.procs import cpu_seconds
+
+
+def rss_mib(pid: int) -> float:
+    """Resident memory of a process in MiB (/proc/PID/status)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    raise RuntimeError(f"no VmRSS for process {pid}")
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """The figures for one N."""
+
+    servers: int
+    rss_mib: float
+    idle_cpu: float
+    """Share of one core."""
+    list_ms: float
+    page_ms: float
+    fanout: int
+    p50_ms: float
+    p99_ms: float
+
+
+async def _timed_get(http: aiohttp.ClientSession, url: str, repeats: int) -> float:
+    """Median milliseconds of GET url (body read)."""
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        async with http.get(url) as r:
+            await r.read()
+            if r.status != 200:
+                raise RuntimeError(f"GET {url}: {r.status}")
+        times.append((time.perf_counter() - t0) * 1000.0)
+    return statistics.median(times)
+
+
+async def _queries(
+    http: aiohttp.ClientSession, url: str, fanout: int, n: int, clients: int
+) -> list[float]:
+    """latency_ms of n queries of this fanout from `clients` clients."""
+    body = json.dumps({"class": "C", "targets": {"pool": "default", "fanout": fanout}}).encode()
+    left, out = [n], []
+
+    async def client() -> None:
+        while left[0] > 0:
+            left[0] -= 1
+            async with http.post(
+                url + "/v1/queries", data=body, headers={"Content-Type": "application/json"}
+            ) as r:
+                ans = await r.json()
+                if r.status == 200:
+                    out.append(ans["latency_ms"])
+
+    await asyncio.gather(*(client() for _ in range(clients)))
+    return out
+
+
+async def measure(n: int, args: argparse.Namespace) -> Row:
+    """Start N servers and a gateway; measure them."""
+    async with Gateway(n, args.per_process, up_timeout_s=60.0 + n / 20.0) as gw:
+        await asyncio.sleep(args.settle_s)
+        assert gw.proc is not None
+        pid = gw.proc.pid
+        cpu0, t0 = cpu_seconds(pid), time.perf_counter()
+        await asyncio.sleep(args.idle_s)
+        idle = (cpu_seconds(pid) - cpu0) / (time.perf_counter() - t0)
+        rss = rss_mib(pid)
+        fanout = min(100, n)
+        async with aiohttp.ClientSession() as http:
+            whole = await _timed_get(http, gw.url + "/v1/servers", 5)
+            page = await _timed_get(http, gw.url + "/v1/servers?limit=100", 5)
+            await _queries(http, gw.url, fanout, min(args.queries // 5, 50), args.clients)
+            lat = sorted(await _queries(http, gw.url, fanout, args.queries, args.clients))
+    p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else float("nan")
+    p50 = statistics.median(lat) if lat else float("nan")
+    return Row(n, rss, idle, whole, page, fanout, p50, p99)
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    print(
+        f"one gateway, N emulated task servers ({args.per_process} a process, zero service "
+        f"time); idle CPU over {args.idle_s:g} s; queries: {args.queries} from "
+        f"{args.clients} clients"
+    )
+    print(
+        "servers   gateway RSS   per server   idle CPU   per server   GET /v1/servers"
+        "        fanout   latency_ms"
+    )
+    print(
+        "              MiB          KiB      % core     % core       all / page of 100 ms"
+        "            p50 /    p99"
+    )
+    first: Row | None = None
+    for n in args.servers:
+        row = await measure(n, args)
+        first = first or row
+        extra = row.servers - first.servers
+        per_kib = (row.rss_mib - first.rss_mib) * 1024.0 / extra if extra else float("nan")
+        print(
+            f"{row.servers:>7,}   {row.rss_mib:>11.1f}   {per_kib:>10.1f}   "
+            f"{row.idle_cpu:>8.1%}   {row.idle_cpu / row.servers:>10.4%}   "
+            f"{row.list_ms:>8.1f} / {row.page_ms:>5.1f}      {row.fanout:>6}   "
+            f"{row.p50_ms:>6.1f} / {row.p99_ms:>6.1f}",
+            flush=True,
+        )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Parse options and run, on uvloop when installed."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--servers",
+        default=[10, 100, 500, 1000],
+        type=lambda s: [int(x) for x in s.split(",") if x],
+        help="comma-separated N (up to 10,000 where the machine's memory allows)",
+    )
+    parser.add_argument("--per-process", type=int, default=250)
+    parser.add_argument("--settle-s", type=float, default=3.0)
+    parser.add_argument("--idle-s", type=float, default=10.0)
+    parser.add_argument("--queries", type=int, default=300)
+    parser.add_argument("--clients", type=int, default=4)
+    args = parser.parse_args(argv)
+    try:
+        import uvloop
+
+        run = uvloop.run
+    except ImportError:
+        run = asyncio.run
+    run(main_async(args))
+
+
+if __name__ == "__main__":
+    main()
