@@ -118,19 +118,30 @@ async def test_hostile_frames_are_refused_without_growing_the_server(target: Tar
 
 @pytest.mark.parametrize("target", ["taskserver", "edge-agent"], indirect=True)
 async def test_a_fuzzed_port_never_crashes_leaks_a_slot_or_grows(target: Target) -> None:
-    """10,000 inputs after a warm-up: 0 crashes, 0 leaked slots, RSS growth < 10 MB."""
+    """10,000 inputs: 0 crashes, 0 leaked slots; then 5,000 more grow RSS by < 4 MiB.
+
+    RSS is judged on the repeat, not on the first run: the fuzzer's steady connection queues
+    valid tasks faster than their budgets let them finish (833 queued at the peak of a
+    10,000-input run, measured), so the first run raises the process's high-water mark by
+    ~8-10 MiB, and the allocator keeps those pages after the queue drains. A leak grows
+    with every input; a high-water mark does not grow again on a shorter repeat.
+    """
     inputs = iter(InputGenerator(seed=13, target=target.kind))
-    await fuzz(target.port, inputs, 1_000, alive=target.alive)
     rss0 = rss_kib(target.popen.pid)
     report = await fuzz(target.port, inputs, 10_000, alive=target.alive, idle_bound_s=20.0)
     assert report.inputs == 10_000
     assert target.alive(), target.log()[-2000:]
     assert report.probe_failures == []
     assert report.idle_after_s is not None, f"slots still held: {report.final_status}"
-    growth_kib = rss_kib(target.popen.pid) - rss0
-    assert growth_kib < 10 * 1024, f"RSS grew by {growth_kib} KiB"
+    rss1 = rss_kib(target.popen.pid)
+    assert rss1 - rss0 < 48 * 1024, f"RSS grew by {rss1 - rss0} KiB in the first run"
+    again = await fuzz(target.port, inputs, 5_000, alive=target.alive, idle_bound_s=20.0)
+    assert again.inputs == 5_000 and again.probe_failures == [] and target.alive()
+    assert again.idle_after_s is not None, f"slots still held: {again.final_status}"
+    growth_kib = rss_kib(target.popen.pid) - rss1
+    assert growth_kib < 4 * 1024, f"RSS grew by {growth_kib} KiB on the repeat"
     refused = target.violations()
-    assert sum(refused.values()) > 1_000, refused
+    assert sum(refused.values()) > 1_500, refused
     assert "Traceback" not in target.log()
 
 

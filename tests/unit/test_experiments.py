@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from loadtests.sim import overload_experiments as oe
 from loadtests.sim.experiments import SINGLE_CLASS_SLOS_MS
 from loadtests.sim.overload_experiments import ADMISSION_LOADS, RULES
 from loadtests.sim.pool import load_pool_scenario
@@ -140,14 +141,27 @@ def test_two_class_experiments_write_their_files(
     assert "TF-EDFQ+budget" in (folder / f"{name}.md").read_text(encoding="utf-8")
 
 
+def test_the_shipped_admission_grids_span_the_loads_the_reports_describe() -> None:
+    from loadtests.sim.qlm_experiments import PREDICTIVE_MULTIPLES, PREDICTIVE_RULES
+
+    assert ADMISSION_LOADS == (0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+    assert oe.WINDOW_FRACTIONS[-1] == 1.0 and len(oe.WINDOW_FRACTIONS) == 4
+    assert len(RULES) == 6 and RULES[0].value == "none"
+    assert PREDICTIVE_MULTIPLES == (0.5, 1.0, 1.5, 2.0, 3.0)
+    assert PREDICTIVE_RULES[0] == "none" and "predictive+throttle" in PREDICTIVE_RULES
+
+
 def test_admission_experiment_compares_rules_against_the_max_load(
-    tmp_path: Path, tailbench_dir: Path
+    tmp_path: Path, tailbench_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # A smaller grid than the shipped one (checked above): three loads, two window lengths.
+    monkeypatch.setattr(oe, "ADMISSION_LOADS", (0.4, 0.7, 1.0))
+    monkeypatch.setattr(oe, "WINDOW_FRACTIONS", (1 / 10, 1.0))
     md = run_tiny("admission", tmp_path, tailbench_dir, queries=3000, tol=0.3)
     folder = tmp_path / "admission"
     rows = read_csv(folder / "admission.csv")
     assert [(r["rule"], float(r["offered_load"])) for r in rows] == [
-        (rule, load) for rule in RULES for load in ADMISSION_LOADS
+        (rule, load) for rule in RULES for load in (0.4, 0.7, 1.0)
     ]
     assert {r["seed"] for r in rows} == {"1"}
     for r in rows:
@@ -455,10 +469,14 @@ def test_wait_estimator_experiment_compares_both_estimates(
 
 
 def test_predictive_admission_experiment_sweeps_multiples_of_the_max_load(
-    tmp_path: Path, tailbench_dir: Path
+    tmp_path: Path, tailbench_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from loadtests.sim.qlm_experiments import PREDICTIVE_MULTIPLES, PREDICTIVE_RULES
+    from loadtests.sim import qlm_experiments as qe
+    from loadtests.sim.qlm_experiments import PREDICTIVE_RULES
 
+    # Two of the shipped multiples (the grid is checked above): under and far over the max.
+    PREDICTIVE_MULTIPLES = (1.0, 3.0)
+    monkeypatch.setattr(qe, "PREDICTIVE_MULTIPLES", PREDICTIVE_MULTIPLES)
     md = run_tiny("predictive-admission", tmp_path, tailbench_dir, queries=2400, tol=0.3)
     rows = read_csv(tmp_path / "predictive-admission" / "predictive_admission.csv")
     assert [(r["rule"], float(r["multiple"])) for r in rows] == [
