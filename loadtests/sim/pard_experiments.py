@@ -252,6 +252,12 @@ def _run(job: int, setup: Setup, trace_name: str, policy: str, seed: int = TRACE
         for i in range(seconds):
             workers[i] = sums[i] / counts[i] if counts[i] else workers[i - 1] if i else workers[i]
     timeline = [(t + 1.0, float(offered[t]), float(good[t])) for t in range(seconds)]
+    priority: dict[str, list[tuple[float, float, float]]] = {}
+    for ps in run.priority:  # one sample per module at the end of each second
+        i = round(ps.time_s) - 1
+        if 0 <= i < seconds:
+            per = priority.setdefault(ps.module_id, [(math.nan, math.nan, math.nan)] * seconds)
+            per[i] = (round(ps.hbf_share, 4), round(ps.load_factor, 4), round(ps.epsilon, 4))
     sizes: dict[str, list[int]] = {m: [] for m in model.modules}
     for b in run.batches:
         sizes[b.module_id].append(b.size)
@@ -286,6 +292,7 @@ def _run(job: int, setup: Setup, trace_name: str, policy: str, seed: int = TRACE
         workers_per_s=[round(float(w), 3) for w in workers],
         excess_share=excess,
         pipeline=setup.pipeline,
+        priority_per_s=priority,
     )
 
 

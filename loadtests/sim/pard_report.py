@@ -302,6 +302,15 @@ class PardReport:
             for i in range(len(r.arrived_per_s))
         ]
         _write_rows(out / "per_second.csv", per_second)
+        priority = [
+            {"trace": r.trace, "policy": r.policy, "seed": r.seed, "second": i, "module_id": m}
+            | dict(zip(("hbf_share", "load_factor", "epsilon"), per[i], strict=True))
+            for r in self.runs
+            for m, per in r.priority_per_s.items()
+            for i in range(len(per))
+        ]
+        if priority:
+            _write_rows(out / "priority_per_second.csv", priority)
         if self.ablations:
             _write_rows(out / "ablation_ranking.csv", self.ablation_rows())
 
@@ -350,6 +359,43 @@ class PardReport:
                             "drop_rate_there": drop_there,
                         }
                     )
+        return rows
+
+    def priority_rows(self) -> list[dict[str, Any]]:
+        """PARD's HBF/LBF state (§4.3) in and out of the overload periods, per trace and module
+        (first seed): why an ablation that never switches can drop less on a spiky trace."""
+        rows = []
+        for t in self.traces:
+            r = self.by[(t, "pard")]
+            if not r.priority_per_s:
+                continue
+            seconds = len(r.arrived_per_s)
+            over = np.zeros(seconds, dtype=bool)
+            for period in r.overload_periods:
+                over[int(period.start_s) : math.ceil(period.end_s)] = True
+            lost = np.asarray(r.lost_per_s, dtype=float)
+            first = next(iter(r.priority_per_s))
+            lbf_first = np.array([x[0] < 0.5 for x in r.priority_per_s[first]], dtype=bool)
+            for m, per in r.priority_per_s.items():
+                hbf, mu, eps = (np.asarray([x[k] for x in per], dtype=float) for k in range(3))
+
+                def mean(x: np.ndarray, where: np.ndarray) -> float:
+                    x = x[where & np.isfinite(x)]
+                    return float(x.mean()) if len(x) else math.nan
+
+                rows.append(
+                    {
+                        "trace": t,
+                        "module_id": m,
+                        "overload_s": int(over.sum()),
+                        "hbf_share_in_overload": mean(hbf, over),
+                        "hbf_share_elsewhere": mean(hbf, ~over),
+                        "mu_above_1_in_overload": mean((mu > 1.0).astype(float), over),
+                        "mean_epsilon_in_overload": mean(eps, over),
+                        "lost_in_overload": int(lost[over].sum()),
+                        "lost_in_overload_first_module_lbf": int(lost[over & lbf_first].sum()),
+                    }
+                )
         return rows
 
     def ablation_rows(self) -> list[dict[str, Any]]:
@@ -593,6 +639,36 @@ class PardReport:
                     or "none"
                 )
                 + "."
+            )
+        prio = [r for r in self.priority_rows() if r["overload_s"]]
+        if prio:
+            out.append(
+                "## PARD's adaptive priority in the overload periods (§4.3)\n\n"
+                "Per module, first seed: the share of its serving workers popping HBF (sampled "
+                "each second), in the overload seconds and elsewhere; the share of overload "
+                "seconds whose mu (the latest closed 1-s bucket's T_in over T_m) was above 1; "
+                "the mean eps there (HBF needs mu > 1 + eps); and the requests lost (dropped "
+                "or late) in overload seconds, in all and while the first module was mostly "
+                "LBF.\n\n"
+                + md_table(
+                    [
+                        *("trace", "module", "overload s", "HBF in overload", "HBF elsewhere"),
+                        *("mu > 1 in overload", "eps in overload", "lost in overload"),
+                        "of them, first module LBF",
+                    ],
+                    [
+                        [
+                            *(r["trace"], r["module_id"], r["overload_s"]),
+                            _pct(r["hbf_share_in_overload"]),
+                            _pct(r["hbf_share_elsewhere"]),
+                            _pct(r["mu_above_1_in_overload"]),
+                            f"{r['mean_epsilon_in_overload']:.2f}",
+                            r["lost_in_overload"],
+                            r["lost_in_overload_first_module_lbf"],
+                        ]
+                        for r in prio
+                    ],
+                )
             )
         return out
 

@@ -102,6 +102,9 @@ class RunDigest:
     excess_share: float = 0.0
     """The trace's offered requests above `capacity_per_s` over all offered: a share no policy
     can serve on time (a lower bound on the drop rate, up to queueing that carries over)."""
+    priority_per_s: dict[str, list[tuple[float, float, float]]] = field(default_factory=dict)
+    """Per module whose queues adapt (PARD §4.3), per second: (share of serving workers in
+    HBF, mean mu, mean eps); empty for policies without adaptive priority."""
 
     def drop_share(self, module_id: str) -> float:
         """The share of this run's drops made at a module."""

@@ -79,6 +79,7 @@ from taskserver.pard import (
     PardMetrics,
     PipelineRequest,
     PipelineSummary,
+    Priority,
     RequestBroker,
     ScalingDecision,
     StateExchange,
@@ -96,6 +97,7 @@ __all__ = [
     "BatchRecord",
     "PipelineModel",
     "PipelineRun",
+    "PrioritySample",
     "SimConfig",
     "TimelinePoint",
     "nexus_batch_sizes",
@@ -128,6 +130,21 @@ class TimelinePoint:
     late: int
 
 
+@dataclass(frozen=True, slots=True)
+class PrioritySample:
+    """One module's adaptive priority (PARD §4.3) at the end of one second of the run: the
+    share of its serving workers popping HBF, and their mean mu and eps. Only modules whose
+    queues adapt (PARD, instant-switch) are sampled."""
+
+    time_s: float
+    module_id: str
+    serving: int
+    hbf_share: float
+    load_factor: float
+    """Mean mu of the workers that have one (NaN: none yet)."""
+    epsilon: float
+
+
 @dataclass(slots=True)
 class PipelineRun:
     """Everything one run produced: per-request outcomes, batches, metrics."""
@@ -150,6 +167,8 @@ class PipelineRun:
     wall_s: float = 0.0
     scaling: list[ScalingDecision] = field(default_factory=list)
     """Every decision of the worker scaler, in time order (empty with fixed workers)."""
+    priority: list[PrioritySample] = field(default_factory=list)
+    """Each adaptive module's HBF/LBF state, sampled every second (empty for other policies)."""
 
     @property
     def latency_s(self) -> np.ndarray:
@@ -286,6 +305,7 @@ class _Sim:
         self.dropped_at: list[str | None] = [None] * n
         self.batches: list[BatchRecord] = []
         self.timeline: list[TimelinePoint] = []
+        self.priority: list[PrioritySample] = []
         self.events: list[tuple[float, int, int, Any]] = []
         self.seq = 0
         self.in_flight = 0
@@ -529,6 +549,21 @@ class _Sim:
     def sample(self, now: float) -> None:
         s = self.metrics.pipeline(self.model.name, now)
         self.timeline.append(TimelinePoint(now, s.goodput_rps, s.on_time, s.dropped, s.late))
+        for mid, mod in self.modules.items():
+            ctl = [c for w in mod.serving if (c := getattr(w.queue, "controller", None))]
+            if not ctl:
+                continue
+            mus = [c.load_factor for c in ctl if c.load_factor is not None]
+            self.priority.append(
+                PrioritySample(
+                    now,
+                    mid,
+                    len(ctl),
+                    sum(c.priority is Priority.HBF for c in ctl) / len(ctl),
+                    sum(mus) / len(mus) if mus else math.nan,
+                    sum(c.epsilon for c in ctl) / len(ctl),
+                )
+            )
         self.push(now + 1.0, _SAMPLE, None)
 
 
@@ -561,4 +596,5 @@ def simulate_pipeline(
         timeline=sim.timeline,
         wall_s=time.perf_counter() - t0,
         scaling=sim.scaling,
+        priority=sim.priority,
     )

@@ -330,6 +330,14 @@ def test_pard_experiment_writes_tables_and_plots(name: str, tmp_path: Path) -> N
     assert sum(int(r["arrived_per_s"]) for r in per_second if r["policy"] == "pard") == int(
         rows[3]["arrived"]
     )
+    # PARD's HBF/LBF state each second, for the policies whose queues adapt (§4.3) only:
+    # PARD and the ablations that change its estimate, not the ones that fix its order.
+    priority = read_csv(folder / "priority_per_second.csv")
+    fixed_order = {"none", "nexus", "clipper++", "fcfs", "hbf-only", "lbf-only"}
+    assert {r["policy"] for r in priority} == {r["policy"] for r in rows} - fixed_order
+    assert {r["module_id"] for r in priority} == {m["module_id"] for m in modules}
+    shares = [float(r["hbf_share"]) for r in priority if r["hbf_share"] != "nan"]
+    assert shares and all(0.0 <= x <= 1.0 for x in shares)
     ranking = read_csv(folder / "ablation_ranking.csv")
     assert [r["variant"] for r in ranking] == PARD_ABLATIONS
     for png in (
