@@ -1,7 +1,8 @@
 #!/bin/sh
 # System packages the tests drive for real: a Prometheus server that scrapes the
 # services, headless Chromium for the dashboard, a PostgreSQL server for the
-# gateway's history store, and openssl for the TLS tests' certificate authority.
+# gateway's history store, openssl for the TLS tests' certificate authority, and
+# iproute2 and iptables for the network faults in namespaces (loadtests.netfaults).
 # Installed from Debian's packages when missing; without root (or sudo) the script says
 # what to install and those tests skip, naming the missing program.
 set -eu
@@ -9,6 +10,8 @@ missing=""
 command -v prometheus >/dev/null 2>&1 || missing="$missing prometheus"
 command -v openssl >/dev/null 2>&1 || missing="$missing openssl"  # the TLS tests' throwaway CA
 command -v chromium >/dev/null 2>&1 || missing="$missing chromium"
+command -v ip >/dev/null 2>&1 || missing="$missing iproute2"  # namespaces, veth pairs, tc
+command -v iptables >/dev/null 2>&1 || missing="$missing iptables"  # loss, partition, NFQUEUE
 ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || command -v pg_ctl >/dev/null 2>&1 \
     || missing="$missing postgresql"
 [ -z "$missing" ] && exit 0

@@ -77,13 +77,18 @@ def _read_announcement(p: subprocess.Popen[bytes], timeout_s: float) -> dict[str
 
 
 def start_cli(
-    args: Sequence[str], *, config: Path | None = None, env: Mapping[str, str] | None = None
+    args: Sequence[str],
+    *,
+    config: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    wrap: Sequence[str] = (),
 ) -> Proc:
     """Start `python -m deploy.cli [--config F] ARGS` and wait for its announcement.
 
-    The child gets this environment without the Tailgate variables, plus `env`.
+    The child gets this environment without the Tailgate variables, plus `env`; `wrap`
+    goes before the command line (`ip netns exec NS` runs it in a network namespace).
     """
-    argv = [sys.executable, "-m", "deploy.cli", "--log-level", "WARNING"]
+    argv = [*wrap, sys.executable, "-m", "deploy.cli", "--log-level", "WARNING"]
     if config is not None:
         argv += ["--config", str(config)]
     argv += list(args)
