@@ -40,7 +40,6 @@ import os
 import random
 import shlex
 import signal
-import socket
 import sys
 import time
 from collections import Counter
@@ -49,6 +48,8 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+
+from loadtests.ports import free_port
 
 SERVERS_POLL_S = 0.1
 ADMISSION_POLL_S = 0.5
@@ -144,13 +145,6 @@ def _delta(now: dict[str, Any], before: dict[str, Any], key: str) -> str:
 
 def _floor_ms(t: float) -> float:
     return math.floor(t * 1000.0) / 1000.0
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _start_time(pid: int) -> str | None:

@@ -27,7 +27,6 @@ import contextlib
 import io
 import os
 import signal
-import socket
 import statistics
 import struct
 import sys
@@ -43,6 +42,7 @@ from thriftpy2.protocol.binary import TBinaryProtocol
 from thriftpy2.rpc import make_aio_client, make_aio_server
 from thriftpy2.transport.memory import TMemoryBuffer
 
+from loadtests.ports import free_port
 from loadtests.procs import ServerProcs
 from taskserver.wire import (
     ONEWAY,
@@ -102,9 +102,7 @@ class _Runner:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
+    return free_port(HOST)
 
 
 def serve_stock() -> None:

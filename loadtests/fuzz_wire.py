@@ -31,7 +31,6 @@ import os
 import random
 import resource
 import signal
-import socket
 import struct
 import subprocess
 import sys
@@ -43,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from loadtests.ports import free_port
 from taskserver.spawn import tailgate_argv, taskserver_argv
 from taskserver.wire import (
     CALL,
@@ -493,9 +493,7 @@ class Target:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
+    return free_port(HOST)
 
 
 def start_target(

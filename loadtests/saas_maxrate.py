@@ -21,7 +21,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from loadtests.ports import free_port
 from loadtests.saas import RunReport, drive, format_report
 from loadtests.saas_search import PolicySummary, RateBisection, SeedResult, ranking_line, summarise
 
@@ -72,12 +72,6 @@ class Search:
     max_probes: int = 8
     duration_s: float = 60.0
     warmup_s: float = 10.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _live_agents(url: str) -> int:
@@ -124,7 +118,7 @@ def up_argv(policy: str, testbed: Testbed, seed: int, port: int) -> list[str]:
 
 def start_up(policy: str, testbed: Testbed, seed: int = 1) -> tuple[subprocess.Popen[bytes], str]:
     """`tailgate up` for the SaaS testbed under one queue policy; returns it and its URL."""
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TAILGATE_")}
     proc = subprocess.Popen(
         up_argv(policy, testbed, seed, port),

@@ -75,6 +75,7 @@ import numpy as np
 
 from admission.tails import nearest_rank
 from loadtests.live import _child_setup
+from loadtests.ports import free_port
 from loadtests.sim.pool import (
     POLICIES,
     PoolResult,
@@ -490,12 +491,6 @@ def _timeline_step(scn: PoolScenario) -> float:
 # --------------------------------------------------------------------------- the live run
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _tree_cpu_s(pid: int) -> tuple[float, float]:
     """(the process's CPU s, its children's: those running and those it has reaped)."""
     tick = os.sysconf("SC_CLK_TCK")
@@ -688,7 +683,7 @@ def run_pool_live(
         cfg = Path(tmp) / "tailgate.toml"
         cfg.write_text(pool_gateway_toml(live_scn, policy, scale, n0))
         env["TAILGATE_CONFIG"] = str(cfg)  # the servers the actuator starts read it too
-        port = _free_port()
+        port = free_port()
         top = n0 if policy == "static" else live_scn.max_backends
         argv = [
             *tailgate_argv(None),

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from loadtests import ports
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 20.0
 
@@ -120,12 +122,9 @@ def start_gateway(
 
 
 def free_port() -> int:
-    """A loopback port that was free a moment ago."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port that was free a moment ago, outside the ephemeral range (see
+    loadtests.ports: a port 0 bind elsewhere cannot take it before the child binds it)."""
+    return ports.free_port()
 
 
 def child_pids(pid: int) -> list[int]:

@@ -18,6 +18,7 @@ from aiohttp import web
 
 from admission.actuators import ActuatorError, KubernetesActuator, LocalActuator
 from gateway.autoscaling import local_spawn
+from loadtests.ports import free_port
 from tests.integration.conftest import Cluster, query
 
 pytestmark = pytest.mark.integration
@@ -53,12 +54,6 @@ def children() -> set[int]:
         with open(f"/proc/self/task/{tid}/children") as f:
             pids |= {int(p) for p in f.read().split()}
     return pids
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def servers(http: aiohttp.ClientSession, url: str) -> dict[str, dict[str, Any]]:
