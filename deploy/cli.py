@@ -385,6 +385,7 @@ def _pipeline_only_options(args: argparse.Namespace) -> list[str]:
         ("--workers", "workers", "1"),
         ("--max-workers", "max_workers", None),
         ("--cold-start-s", "cold_start_s", None),
+        ("--worker-mode", "worker_mode", "auto"),
     )
     return [flag for flag, attr, default in defaults if getattr(args, attr) != default]
 
@@ -409,6 +410,7 @@ def _pipeline_executor(args: argparse.Namespace) -> Any:
         peers=peers,
         workers=_pipeline_workers(args),
     )
+    config = dataclasses.replace(config, worker_mode=args.worker_mode)
     return PipelineExecutor(config)
 
 
@@ -1003,6 +1005,13 @@ def build_parser(*, light: bool = False) -> argparse.ArgumentParser:
         metavar="N|auto",
         help="workers (model sessions, each with its own thread) per module: N, or auto to "
         "follow each module's request rate at run time (PARD §5.1) (1)",
+    )
+    g.add_argument(
+        "--worker-mode",
+        default="auto",
+        choices=["auto", "process", "thread"],
+        help="where each worker's model runs: its own process, or a thread of this one; auto: "
+        "process on the CPU with 4 or more cores, thread on CUDA and smaller hosts (auto)",
     )
     g.add_argument(
         "--max-workers",

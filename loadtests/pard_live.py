@@ -2,6 +2,7 @@
 
     python -m loadtests.pard_live [--pipeline traffic] [--trace bursty|tweet|...]
         [--workers 1|N|auto] [--max-workers 4] [--total-workers N] [--cold-start-s 2]
+        [--worker-mode auto|process|thread]
         [--headroom 1.2] [--profile PATH] [--providers cpu|cuda] [--rate R | --load 0.9]
         [--seconds 40] [--droppers pard,nexus,clipper++,none] [--no-sim] [--out pard-live]
 
@@ -27,7 +28,12 @@ not look like this machine's is warned about loudly):
 - Workers: ``N`` per module, fixed; or ``auto``: the WorkerScaler (taskserver.pard.scaling)
   on both sides, from ``min_workers`` (1) per module up to ``--max-workers`` each and
   ``--total-workers`` over the pipeline (default the CPUs this process may use, at least one
-  per module), a started worker serving ``--cold-start-s`` after the decision.
+  per module), a started worker serving ``--cold-start-s`` after the decision. Each
+  worker's session runs in a process of its own or in a thread of the replay's process
+  (``--worker-mode``; auto: processes on the CPU from 4 usable CPUs, threads on CUDA and
+  smaller hosts; taskserver.pipeline.sessions.resolve_worker_mode), as PARD gives each
+  worker a container (§4.1, §5.1); the per-module table shows what the process hop added
+  to each live batch.
 - Rate (unless ``--rate``): ``--load`` (0.9, as the simulator experiments) times the
   pipeline's capacity at the workers it can reach. One worker serves mu_k = b_k / d_k(b_k)
   requests per second; from the starting workers, one worker at a time goes to the module
@@ -70,7 +76,9 @@ import asyncio
 import dataclasses
 import json
 import math
+import os
 import platform
+import resource
 import sys
 import time
 from collections.abc import Sequence
@@ -98,7 +106,11 @@ from onnx_models.spec import load_pipeline, pipeline_path
 from taskserver.abc import ExecutorError, TaskDropped
 from taskserver.pard import ScalingConfig, StatePlanner, create_dropper
 from taskserver.pipeline import PipelineConfig, PipelineExecutor
-from taskserver.pipeline.sessions import resolve_providers, usable_cpus
+from taskserver.pipeline.sessions import (
+    resolve_providers,
+    resolve_worker_mode,
+    usable_cpus,
+)
 
 __all__ = ["LiveSetup", "live_config", "main", "plan_live", "replay_live", "simulate_side"]
 
@@ -152,6 +164,7 @@ def plan_live(
     providers: str = "cpu",
     rate_rps: float | None = None,
     load: float = LOAD,
+    worker_mode: str = "auto",
 ) -> LiveSetup:
     """The setup of the module docstring; ValueError (naming the file or field) if it fails."""
     spec_path = pipeline_path(pipeline)
@@ -185,6 +198,9 @@ def plan_live(
         load=None if rate_rps is not None else load,
         providers=providers,
         warnings=tuple(profile_warnings(prof, providers)),
+        worker_mode=resolve_worker_mode(
+            worker_mode, [CUDA, CPU] if providers == "cuda" else [CPU], usable_cpus()
+        ),
     )
 
 
@@ -213,6 +229,7 @@ def live_config(setup: LiveSetup, dropper: str) -> PipelineConfig:
         slo_ms=setup.slo_s * 1000.0,
         intra_op_threads=setup.profile.environment.intra_op_threads,
         pard=knobs,
+        worker_mode=setup.worker_mode,
     )
 
 
@@ -222,6 +239,27 @@ def sim_config(setup: LiveSetup) -> SimConfig:
     return SimConfig(
         workers=setup.first_workers, scaling=scaling, max_batch=setup.max_batch, seed=SIM_SEED
     )
+
+
+def tree_cpu_s() -> float:
+    """CPU seconds of this process, of its children that ended, and of those still running.
+
+    Worker processes (``--worker-mode process``) do the model work outside this process, so
+    its own CPU time alone would show the replay all but idle. The running children's times
+    come from /proc (Linux); elsewhere they are left out.
+    """
+    ended = resource.getrusage(resource.RUSAGE_CHILDREN)
+    total = time.process_time() + ended.ru_utime + ended.ru_stime
+    me = str(os.getpid())
+    tick = os.sysconf("SC_CLK_TCK")
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # ended meanwhile (or no /proc)
+            continue
+        if fields[1] == me:  # ppid; then utime and stime in clock ticks
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
 
 
 def _workers(ex: PipelineExecutor) -> dict[str, int]:
@@ -291,13 +329,13 @@ async def replay_live(
     try:
         await ex.execute(b"{}")  # sessions loaded and warm before the clock starts
         base = {
-            mid: (w.decide_ns, w.batches, w.requests, w.exec_s, w.profiled_s)
+            mid: (w.decide_ns, w.batches, w.requests, w.exec_s, w.profiled_s, w.hop_s)
             for mid, w in ex.workers.items()
         }
         exchange0 = ex.exchange_s
         for w in ex.workers.values():
             w.decide_ns_by_request = {}
-        cpu0, loop0 = time.process_time(), time.thread_time()
+        cpu0, loop0 = tree_cpu_s(), time.thread_time()
         start = clock()
         sampler = asyncio.create_task(sample(start))
         tasks = []
@@ -308,7 +346,7 @@ async def replay_live(
             tasks.append(asyncio.create_task(one(i, t, start)))
         await asyncio.gather(*tasks)
         wall = clock() - start
-        cpu_s, loop_s = time.process_time() - cpu0, time.thread_time() - loop0
+        cpu_s, loop_s = tree_cpu_s() - cpu0, time.thread_time() - loop0
         sampler.cancel()
         snap = ex.snapshot()
     finally:
@@ -323,7 +361,9 @@ async def replay_live(
         mid: tuple(
             now - before
             for now, before in zip(
-                (w.decide_ns, w.batches, w.requests, w.exec_s, w.profiled_s), base[mid], strict=True
+                (w.decide_ns, w.batches, w.requests, w.exec_s, w.profiled_s, w.hop_s),
+                base[mid],
+                strict=True,
             )
         )
         for mid, w in ex.workers.items()
@@ -343,6 +383,7 @@ async def replay_live(
         drops_by_module=dict(snap["drops_by_module"]),
         mean_batch={m: d[2] / d[1] if d[1] else 0.0 for m, d in delta.items()},
         exec_vs_profile={m: d[3] / d[4] if d[4] else 0.0 for m, d in delta.items()},
+        hop_ms={m: d[5] / d[1] * 1000.0 if d[1] else 0.0 for m, d in delta.items()},
         scaling_actions={
             m: (v["scaling_actions"]["start"], v["scaling_actions"]["stop"])
             for m, v in mods.items()
@@ -466,6 +507,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--total-workers", type=int, help="cap over the pipeline (default: usable CPUs)")
     p.add_argument("--cold-start-s", type=float, default=auto.cold_start_s)
     p.add_argument(
+        "--worker-mode",
+        choices=["auto", "process", "thread"],
+        default="auto",
+        help="each worker's session in a process of its own or a thread of this one; auto: "
+        "process on the CPU from 4 usable CPUs, thread on CUDA and smaller hosts (auto)",
+    )
+    p.add_argument(
         "--headroom",
         type=float,
         default=auto.headroom,
@@ -538,6 +586,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             providers=args.providers,
             rate_rps=args.rate,
             load=args.load,
+            worker_mode=args.worker_mode,
         )
         live_config(setup, droppers[0].partition("@")[0])  # the spec, profile and b_k agree
         resolve_providers(args.providers)  # cuda without onnxruntime-gpu: say so now

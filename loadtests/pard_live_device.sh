@@ -9,22 +9,30 @@
 # 1. The host: cores, GPU, onnxruntime's providers (OUTDIR/host.txt).
 # 2. `python -m onnx_models profile PIPELINE --provider cpu` for traffic and live: d_k(b) on
 #    this host's CPU, one intra-op thread (as the live sessions run), into OUTDIR.
-# 3. `python -m loadtests.pard_live --workers auto --profile OUTDIR/PIPELINE.cpu.profile.json`
-#    for traffic (bursty trace) and live (tweet, the same shape by the paper's name) under
-#    pard, nexus, clipper++ and none (traffic also pard@profile: PARD with the profile's d_k
-#    alone, exactly the simulator's setting); each writes OUTDIR/PIPELINE-TRACE/ (pard-live.md, CSV,
-#    PNG) and its console to OUTDIR/PIPELINE-TRACE.log. The verdict per policy is in the
-#    side-by-side table: PASS/FAIL (live within 10% of the simulator), or INVALID when the
-#    driver could not keep to the trace.
+# 3. `python -m loadtests.pard_live --workers auto --worker-mode process --profile
+#    OUTDIR/PIPELINE.cpu.profile.json` for traffic (bursty trace) and live (tweet, the same
+#    shape by the paper's name) under pard, nexus, clipper++ and none (traffic also
+#    pard@profile: PARD with the profile's d_k alone, exactly the simulator's setting): each
+#    worker's session in a process of its own, as PARD gives each worker a container; each
+#    writes OUTDIR/PIPELINE-TRACE/ (pard-live.md, CSV, PNG) and its console to
+#    OUTDIR/PIPELINE-TRACE.log. Then traffic once more with the workers as threads of one
+#    process (pard, nexus; OUTDIR/traffic-bursty-thread/), the setting before process
+#    workers, to compare the live/sim gap and the exec / profile ratio of the two. The
+#    verdict per policy is in the side-by-side table: PASS/FAIL (live within 10% of the
+#    simulator), or INVALID when the driver could not keep to the trace. Then
+#    `python -m loadtests.bench_worker_hop`: what the process hop adds to a batch here
+#    (OUTDIR/worker-hop.txt).
 # 4. A CUDA profile of traffic, then a short CUDA run with --workers auto (pard, nexus): new
 #    CUDA sessions built and warmed at run time as the scaler starts workers. A GPU serves the
 #    trace's rate with one worker, so the headroom is raised until the scaler wants about
 #    three workers for the busiest module at the mean rate (the simulator side runs the same
-#    settings). Written to OUTDIR/traffic-cuda/.
+#    settings). Workers as threads (--worker-mode thread): onnxruntime CUDA sessions in
+#    several processes would each hold a CUDA context and arena on the one GPU. Written to
+#    OUTDIR/traffic-cuda/.
 #
-# About 6-7 minutes in all. LIVE_S (20), CUDA_S (15), LOAD (0.8: the mean rate over what the
+# About 7-8 minutes in all. LIVE_S (20), CUDA_S (15), LOAD (0.8: the mean rate over what the
 # scaled-out pipeline serves), REPEATS (20) and CUDA_RATE (400 req/s) change the sizes;
-# CUDA=0 skips step 4 (a dry run on a host without a GPU); BUDGET_S (470) bounds the whole.
+# CUDA=0 skips step 4 (a dry run on a host without a GPU); BUDGET_S (540) bounds the whole.
 # Exits non-zero when a step failed; the later steps run anyway.
 set -uo pipefail
 OUTDIR=${1:?usage: bash loadtests/pard_live_device.sh OUTDIR}
@@ -37,7 +45,7 @@ CUDA_S=${CUDA_S:-15}
 LOAD=${LOAD:-0.8}
 REPEATS=${REPEATS:-20}
 CUDA_RATE=${CUDA_RATE:-400}
-BUDGET_S=${BUDGET_S:-470}
+BUDGET_S=${BUDGET_S:-540}
 status=0
 step() { echo "== $*  ($SECONDS s in)"; }
 # A step's time limit: its own, or what is left of BUDGET_S if less (a hung step cannot
@@ -55,6 +63,8 @@ step "1. host"
     nvidia-smi -L || true
     "$PY" -c 'import onnxruntime as o, platform
 print("onnxruntime", o.__version__, o.get_available_providers(), platform.python_version())'
+    "$PY" -c 'from taskserver.pipeline.sessions import CPU, resolve_worker_mode, usable_cpus
+print("worker mode auto on the CPU here:", resolve_worker_mode("auto", [CPU], usable_cpus()))'
 } 2>&1 | tee "$OUTDIR/host.txt"
 
 step "2. profiles on this host's CPU"
@@ -65,19 +75,27 @@ for p in traffic live; do
     tail -n 25 "$OUTDIR/$p.cpu.profile.txt"
 done
 
-step "3. live vs simulator on the CPU, worker scaling"
+step "3. live vs simulator on the CPU, worker scaling, workers in processes (then threads)"
 runs=(
-    "traffic bursty pard,pard@profile,nexus,clipper++,none"
-    "live tweet pard,nexus,clipper++,none"
+    "traffic bursty process pard,pard@profile,nexus,clipper++,none 170"
+    "live tweet process pard,nexus,clipper++,none 170"
+    "traffic bursty thread pard,nexus 80"
 )
 for run in "${runs[@]}"; do
-    read -r p t droppers <<<"$run"
-    timeout "$(cap 170)" "$PY" -m loadtests.pard_live --pipeline "$p" --trace "$t" --workers auto \
-        --profile "$OUTDIR/$p.cpu.profile.json" --providers cpu --load "$LOAD" \
-        --seconds "$LIVE_S" --droppers "$droppers" --out "$OUTDIR/$p-$t" \
-        >"$OUTDIR/$p-$t.log" 2>&1 || { echo "pard_live $p $t failed"; status=1; }
-    grep -E "^(pard|nexus|clipper|none|WARNING|  - )" "$OUTDIR/$p-$t.log" || tail -n 20 "$OUTDIR/$p-$t.log"
+    read -r p t mode droppers limit <<<"$run"
+    name="$p-$t"
+    [[ $mode == thread ]] && name="$p-$t-thread"
+    timeout "$(cap "$limit")" "$PY" -m loadtests.pard_live --pipeline "$p" --trace "$t" \
+        --workers auto --worker-mode "$mode" --profile "$OUTDIR/$p.cpu.profile.json" \
+        --providers cpu --load "$LOAD" --seconds "$LIVE_S" --droppers "$droppers" \
+        --out "$OUTDIR/$name" >"$OUTDIR/$name.log" 2>&1 \
+        || { echo "pard_live $p $t ($mode) failed"; status=1; }
+    grep -E "^(pard|nexus|clipper|none|WARNING|  - )" "$OUTDIR/$name.log" || tail -n 20 "$OUTDIR/$name.log"
 done
+timeout "$(cap 60)" "$PY" -m loadtests.bench_worker_hop --batches 1000 \
+    --cases small:1,224:1,224:8 >"$OUTDIR/worker-hop.txt" 2>&1 \
+    || { echo "bench_worker_hop failed"; status=1; }
+cat "$OUTDIR/worker-hop.txt"
 
 if [[ ${CUDA:-1} != 0 ]]; then
     step "4. CUDA: traffic with worker scaling"
@@ -99,6 +117,7 @@ EOF
     timeout "$(cap 120)" "$PY" -m loadtests.pard_live --pipeline traffic --trace bursty --workers auto \
         --profile "$OUTDIR/traffic.cuda.profile.json" --providers cuda --rate "$CUDA_RATE" \
         --headroom "$headroom" --cold-start-s 4 --seconds "$CUDA_S" --droppers pard,nexus \
+        --worker-mode thread \
         --out "$OUTDIR/traffic-cuda" >"$OUTDIR/traffic-cuda.log" 2>&1 \
         || { echo "pard_live cuda failed"; status=1; }
     grep -E "^(pard|nexus|WARNING|  - )" "$OUTDIR/traffic-cuda.log" || tail -n 20 "$OUTDIR/traffic-cuda.log"

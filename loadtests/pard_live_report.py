@@ -68,6 +68,9 @@ class LiveSetup:
     providers: str
     warnings: tuple[str, ...] = ()
     """How the profile's environment differs from this machine's."""
+    worker_mode: str = "thread"
+    """Where the live workers' models run, ``process`` or ``thread`` (``--worker-mode``
+    resolved on this machine)."""
 
     @property
     def first_workers(self) -> int:
@@ -99,6 +102,8 @@ class SideDigest:
     """Measured over profiled batch time per module (live only)."""
     scaling_actions: dict[str, tuple[int, int]] = field(default_factory=dict)
     """(started, stopped) workers per module."""
+    hop_ms: dict[str, float] = field(default_factory=dict)
+    """Live, process workers: ms per batch the process hop added (messages, copies)."""
 
     @property
     def goodput_rps(self) -> float:
@@ -140,7 +145,8 @@ class Validity:
     """p99 lateness above this: INVALID."""
     wall_s: float
     cpu_s: float
-    """Process CPU time over the replay (all threads)."""
+    """CPU time over the replay: all threads of the replay's process and of its worker
+    processes (process workers)."""
     loop_cpu_s: float
     """CPU time of the event loop's thread (driver, decisions, routing)."""
     cpus: int
@@ -152,7 +158,7 @@ class Validity:
 
     @property
     def cores(self) -> float:
-        """Cores the process kept busy on average."""
+        """Cores the process and its workers kept busy on average."""
         return self.cpu_s / self.wall_s if self.wall_s > 0 else 0.0
 
 
@@ -294,7 +300,14 @@ def _setup_lines(setup: LiveSetup, trace: Trace, args: argparse.Namespace) -> li
         f"- SLO {setup.slo_s * 1000:g} ms; b_k (Nexus rule, both sides) {setup.max_batch}",
         f"- Workers: {workers}",
         f"- Live: onnxruntime ({args.providers}) on this machine, {env.intra_op_threads} "
-        "intra-op thread(s) per session (the profile's); a fresh executor per policy",
+        "intra-op thread(s) per session (the profile's), each worker's session in "
+        + (
+            "a process of its own"
+            if setup.worker_mode == "process"
+            else "a thread of the replay's process"
+        )
+        + f" (--worker-mode {getattr(args, 'worker_mode', setup.worker_mode)}); a fresh "
+        "executor per policy",
         f"- Simulator: the same arrivals, profile `{setup.profile_path.name}` ({env.provider} "
         f"on {env.device}, {setup.profile.created_utc or 'undated'})",
         f"- Verdict: PASS when the goodput and drop-rate gaps are within {args.tolerance:.0%} "
@@ -412,6 +425,7 @@ def write_report(
                     setup.max_batch[m],
                     both(lambda s, m=m: s.mean_batch.get(m, 0.0), "{:.2f}"),
                     f"{lv.exec_vs_profile.get(m, 0.0):.2f}",
+                    f"{lv.hop_ms.get(m, 0.0):.3f}",
                     both(lambda s, m=m: s.workers_peak(m)),
                     both(lambda s, m=m: s.workers_mean(m), "{:.2f}"),
                     both(lambda s, m=m: "{}/{}".format(*s.scaling_actions.get(m, (0, 0)))),
@@ -425,6 +439,7 @@ def write_report(
             "b_k",
             "mean batch live / sim",
             "live exec / profile",
+            "live hop ms / batch",
             "workers peak live / sim",
             "workers mean live / sim",
             "started/stopped live / sim",
@@ -446,9 +461,9 @@ def write_report(
                 "\n".join(_setup_lines(setup, trace, args)),
                 "## Side by side\n\n" + side_by_side,
                 "## Validity of the live runs\n\nThe driver's lateness: when it sent each "
-                "request against its trace time. Process CPU: all threads over the replay's "
-                "wall time; loop CPU: the event loop's thread (driver, decisions, routing).\n\n"
-                + validity,
+                "request against its trace time. Process CPU: all threads of the replay's "
+                "process and of its worker processes over the replay's wall time; loop CPU: "
+                "the event loop's thread (driver, decisions, routing).\n\n" + validity,
                 "## Decision overhead, live\n\nPARD's decision calls (DEPQ push, planner "
                 "context, form_batch, the recheck's decide) per request, summed over modules, "
                 "against its end-to-end latency (trace time to answer): mean and p99 over the "

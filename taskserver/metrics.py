@@ -277,8 +277,16 @@ class PipelineCollector(Collector):
             "Workers the run-time scaler started and stopped at a module.",
             labels=[*per_module, "action"],
         )
+        crashes = CounterMetricFamily(
+            "tailgate_pipeline_worker_crashes",
+            "Worker processes of a module lost while running a batch (killed, crashed, hung), "
+            "each replaced by a new one; the batch's requests failed.",
+            labels=per_module,
+        )
         for module, m in sorted(snap["modules"].items()):
             key = [*labels, str(module)]
+            if "worker_crashes" in m:
+                crashes.add_metric(key, float(m["worker_crashes"]))
             compute.add_metric(key, float(m["compute_s"]))
             invalid.add_metric(key, float(m["invalid_s"]))
             sizes = {int(size): int(n) for size, n in m["batch_sizes"].items()}
@@ -300,3 +308,4 @@ class PipelineCollector(Collector):
         yield scale
         yield workers
         yield scaling
+        yield crashes

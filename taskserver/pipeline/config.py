@@ -28,6 +28,7 @@ from taskserver.pipeline.routing import Routing, check_branches
 __all__ = [
     "DEFAULT_BATCH_SIZES",
     "PROVIDER_CHOICES",
+    "WORKER_MODES",
     "ModuleConfig",
     "ModuleGraph",
     "PardKnobs",
@@ -39,6 +40,7 @@ __all__ = [
 
 DEFAULT_BATCH_SIZES: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
 PROVIDER_CHOICES: tuple[str, ...] = ("auto", "cpu", "cuda")
+WORKER_MODES: tuple[str, ...] = ("auto", "process", "thread")
 
 
 def _positive_int(value: object) -> bool:
@@ -417,8 +419,15 @@ class PipelineConfig(ModuleGraph):
     server that runs it (and what follows it). Each sub of a local module that is not local
     needs one."""
     workers: int | ScalingConfig = 1
-    """Workers (sessions, each with its own thread) per local module: a fixed count, or a
-    ScalingConfig to follow each module's request rate at run time (``workers = "auto"``)."""
+    """Workers (sessions, each run from its own thread, in this process or in a child process
+    of its own: `worker_mode`) per local module: a fixed count, or a ScalingConfig to follow
+    each module's request rate at run time (``workers = "auto"``)."""
+    worker_mode: str = "auto"
+    """Where a worker's model runs: ``process`` (a child process each, with its own session
+    and intra-op threads), ``thread`` (a session in this process, run from the worker's own
+    thread), or ``auto``: process on the CPU provider with 4 or more usable CPUs, thread on
+    CUDA (one GPU shared by several processes holds a context and arena per process) and on
+    smaller hosts (sessions.resolve_worker_mode)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -440,6 +449,10 @@ class PipelineConfig(ModuleGraph):
         if not (_positive_int(self.workers) or isinstance(self.workers, ScalingConfig)):
             raise PipelineConfigError(
                 f'pipeline workers: need an int >= 1 or "auto" settings, got {self.workers!r}'
+            )
+        if self.worker_mode not in WORKER_MODES:
+            raise PipelineConfigError(
+                f"pipeline worker_mode: must be one of {WORKER_MODES}, got {self.worker_mode!r}"
             )
         if not isinstance(self.dropper, str) or not self.dropper.strip():
             raise PipelineConfigError(f"pipeline dropper: must be a name, got {self.dropper!r}")

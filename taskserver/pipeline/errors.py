@@ -6,6 +6,7 @@ Errors::
      ├── ExecutorError (taskserver.executors)   sent back to the gateway as the task's error
      │    ├── BadPayload          the task payload is not a valid pipeline request
      │    ├── InferenceFailed     onnxruntime failed on a batch holding the request
+     │    │    └── WorkerLost      the worker process running the batch died or hung
      │    ├── PipelineClosed      the executor closed while the request was in flight
      │    └── TaskDropped (taskserver.executors)   reported as DROPPED, not FAILED
      │         └── PipelineDropped   the dropping policy dropped the request at a module
@@ -26,6 +27,7 @@ __all__ = [
     "PipelineClosed",
     "PipelineConfigError",
     "PipelineDropped",
+    "WorkerLost",
 ]
 
 
@@ -39,6 +41,10 @@ class BadPayload(ExecutorError):
 
 class InferenceFailed(ExecutorError):
     """A module's model failed on the batch that held the request."""
+
+
+class WorkerLost(InferenceFailed):
+    """The worker process that ran the request's batch died (or stopped answering)."""
 
 
 class PipelineClosed(ExecutorError):

@@ -34,7 +34,11 @@ Workers (PARD §4.1, §5.1): each local module starts with ``config.workers`` re
 fixed count), or, with a ScalingConfig, a WorkerScaler decides every ``period_s`` from each
 module's arrivals how many it needs (taskserver.pard.scaling); a new replica's session is
 built and warmed in its own thread, off the serving path, and joins when that is done and
-its cold start has passed; a stopped one finishes its running batch first.
+its cold start has passed; a stopped one finishes its running batch first. With
+``worker_mode`` process (sessions.resolve_worker_mode), each replica's session runs in a
+child process of its own (process.ProcessRunner): the starting replicas' children start
+together, a new replica's child is spawned, loaded and warmed in that thread, a stopped
+one's child is stopped, a lost one is replaced (worker.py), and close() stops them all.
 
 Metrics: one PardMetrics per executor (goodput, drop rate, invalid rate, §5.1). A cancelled
 request and one whose batch failed end there as drops at the pseudo-modules CANCELLED and
@@ -92,6 +96,7 @@ from taskserver.pipeline.errors import (
     PipelineDropped,
 )
 from taskserver.pipeline.flight import BatchRecord, Flight
+from taskserver.pipeline.process import ProcessRunner
 from taskserver.pipeline.remote import PeerLink, PeerResult, PeerUnavailable, encode_states
 from taskserver.pipeline.routing import route_key
 from taskserver.pipeline.sessions import (
@@ -99,6 +104,8 @@ from taskserver.pipeline.sessions import (
     OnnxModel,
     default_intra_op_threads,
     resolve_providers,
+    resolve_worker_mode,
+    usable_cpus,
 )
 from taskserver.pipeline.tensors import (
     FULL_REGION,
@@ -110,7 +117,7 @@ from taskserver.pipeline.tensors import (
     summarize_output,
     union_region,
 )
-from taskserver.pipeline.worker import ModuleWorker
+from taskserver.pipeline.worker import ModuleWorker, close_runner
 
 __all__ = ["CANCELLED", "FAILED", "LATER_STAGE", "PipelineExecutor"]
 
@@ -140,6 +147,26 @@ def _build_runner(factory: Callable[[ModuleConfig], ModelRunner], module: Module
     return runner
 
 
+def _start_processes(
+    modules: list[ModuleConfig], count: int, factory: Callable[..., ProcessRunner]
+) -> dict[str, list[ProcessRunner]]:
+    """`count` ProcessRunners per module, their children started at once, then waited for."""
+    started: list[ProcessRunner] = []
+    try:
+        for m in modules:
+            started.extend(factory(m, wait=False) for _ in range(count))
+        for runner in started:
+            runner.wait_ready()
+    except BaseException:
+        for runner in started:
+            runner.close()
+        raise
+    by_module: dict[str, list[ProcessRunner]] = {m.id: [] for m in modules}
+    for runner in started:
+        by_module[runner.module.id].append(runner)
+    return by_module
+
+
 class PipelineExecutor(Executor):
     """Runs each task payload through the pipeline; see the module docstring."""
 
@@ -156,20 +183,58 @@ class PipelineExecutor(Executor):
         """Load one session per module (or take `runners`, by module id) and wire the workers.
 
         Replicas beyond the first come from `runner_factory` (default, without `runners`: a
-        new OnnxModel of the module, with the same providers and threads).
+        new OnnxModel of the module, with the same providers and threads, or a ProcessRunner
+        holding one in its own process, as ``config.worker_mode`` resolves).
         """
         self.config = config
         self.clock = clock
+        workers = config.workers
+        first = workers.min_workers if isinstance(workers, ScalingConfig) else workers
+        spare: dict[str, list[ProcessRunner]] = {}  # started with the first, for replicas 2..
         if runners is None:
             here = [m for m in config.modules if config.runs_here(m.id)]
             if runner_factory is None:
                 providers = resolve_providers(config.providers)
                 threads = config.intra_op_threads or default_intra_op_threads(len(here))
+                mode = resolve_worker_mode(config.worker_mode, providers, usable_cpus())
+                if mode == "process":
+                    processes = functools.partial(
+                        ProcessRunner, providers=providers, intra_op_threads=threads
+                    )
+                    runner_factory = processes
+                    spare = _start_processes(here, first, processes)
+                    runners = {mid: started.pop(0) for mid, started in spare.items()}
+                else:
 
-                def runner_factory(module: ModuleConfig) -> ModelRunner:
-                    return OnnxModel(module, providers, intra_op_threads=threads)
+                    def runner_factory(module: ModuleConfig) -> ModelRunner:
+                        return OnnxModel(module, providers, intra_op_threads=threads)
 
-            runners = {m.id: runner_factory(m) for m in here}
+            if runners is None:
+                runners = {m.id: runner_factory(m) for m in here}
+        # where the workers' models run, as config.worker_mode resolved (or the runners given)
+        self.worker_mode = (
+            "process" if any(isinstance(r, ProcessRunner) for r in runners.values()) else "thread"
+        )
+        try:
+            self._wire(config, runners, runner_factory, spare, first)
+        except BaseException:  # no child process outlives a failed start
+            owned = [*runners.values(), *(r for left in spare.values() for r in left)]
+            for worker in getattr(self, "workers", {}).values():
+                owned.extend(r.runner for r in worker.replicas)
+            for runner in owned:
+                if isinstance(runner, ProcessRunner):
+                    runner.close()
+            raise
+
+    def _wire(
+        self,
+        config: PipelineConfig,
+        runners: Mapping[str, ModelRunner],
+        runner_factory: Callable[[ModuleConfig], ModelRunner] | None,
+        spare: dict[str, list[ProcessRunner]],
+        first: int,
+    ) -> None:
+        clock = self.clock
         local = [m for m in config.modules if config.runs_here(m.id)]
         missing = [m.id for m in local if m.id not in runners]
         if missing:
@@ -223,18 +288,19 @@ class PipelineExecutor(Executor):
         self.scaler: WorkerScaler | None = None
         if isinstance(workers, ScalingConfig):
             self.scaler = WorkerScaler(workers, [m.id for m in local])
-            first = workers.min_workers
-        else:
-            first = workers
         if first > 1 and runner_factory is None:
             raise PipelineConfigError(
                 f"pipeline workers: {first} per module needs a runner_factory besides runners"
             )
         for worker in self.workers.values():  # the starting replicas, before any task
+            started = spare.get(worker.id, [])
             for _ in range(first - 1):
                 pool = ThreadPoolExecutor(1, thread_name_prefix=f"pipeline-{worker.id}")
-                assert runner_factory is not None
-                runner = pool.submit(_build_runner, runner_factory, worker.module).result()
+                if started:  # a child started with the first one, warm already
+                    runner: ModelRunner = started.pop(0)
+                else:
+                    assert runner_factory is not None
+                    runner = pool.submit(_build_runner, runner_factory, worker.module).result()
                 worker.add_replica(runner, pool, clock())
         self.metrics = PardMetrics(knobs.metrics_window_s)
         self.cancelled = 0
@@ -543,6 +609,13 @@ class PipelineExecutor(Executor):
                 # d_k used in eq. (3) = profiled d_k x this (1.0 unless adapt_durations)
                 "duration_scale": round(w.planner.state(mid).duration_scale, 3),
                 "workers": w.workers,  # replicas serving
+                # worker processes lost (kill -9, a crash) and replaced (worker_mode process)
+                "worker_crashes": w.worker_crashes,
+                "worker_restarts": sum(r.restarts for r in w.replicas),
+                "worker_restart_failures": w.restart_failures,
+                "worker_pids": [getattr(r.runner, "pid", None) for r in w.replicas],
+                # the part of exec_s the process hop took: messages, copies, wake-ups
+                "hop_s": round(w.hop_s, 6),
                 "workers_starting": len(self._growing.get(mid, ())),
                 "batches_by_worker": {str(r.index): r.batches for r in w.replicas},
                 "scaling_actions": dict(
@@ -563,6 +636,7 @@ class PipelineExecutor(Executor):
             "pipeline": self.config.name,
             "dropper": self.config.dropper,
             "provider": self.provider,
+            "worker_mode": self.worker_mode,
             "arrived": summary.arrived,
             "on_time": summary.on_time,
             "late": summary.late,
@@ -662,15 +736,27 @@ class PipelineExecutor(Executor):
         return decision
 
     async def _grow(self, module_id: str, ready_at_s: float) -> None:
-        """Build and warm a replica in its own thread, then let it join at `ready_at_s`."""
+        """Build and warm a replica in its own thread, then let it join at `ready_at_s`.
+
+        Cancelled (scaled in, or closing) while it starts, it lets the start finish and then
+        closes what was started (a child process), before the task ends.
+        """
         worker = self.workers[module_id]
         factory = self._factory
         assert factory is not None and self.scaler is not None
         pool = ThreadPoolExecutor(1, thread_name_prefix=f"pipeline-{module_id}")
+        loop = asyncio.get_running_loop()
+        build = loop.run_in_executor(pool, _build_runner, factory, worker.module)
+        runner: ModelRunner | None = None
         joined = False
         try:
-            loop = asyncio.get_running_loop()
-            runner = await loop.run_in_executor(pool, _build_runner, factory, worker.module)
+            try:
+                runner = await asyncio.shield(build)
+            except asyncio.CancelledError:
+                await asyncio.wait([build])
+                if not build.cancelled() and build.exception() is None:
+                    runner = build.result()
+                raise
             wait_s = ready_at_s - self.clock()
             if wait_s > 0:
                 await asyncio.sleep(wait_s)
@@ -681,6 +767,8 @@ class PipelineExecutor(Executor):
             self.scaler.abandon(module_id)
         finally:
             if not joined:
+                if runner is not None:
+                    await loop.run_in_executor(pool, close_runner, runner)
                 pool.shutdown(wait=False, cancel_futures=True)
 
     async def _exchange_loop(self) -> None:

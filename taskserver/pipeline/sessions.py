@@ -20,15 +20,19 @@ from taskserver.pipeline.errors import InferenceFailed, PipelineConfigError
 __all__ = [
     "CPU",
     "CUDA",
+    "PROCESS_MIN_CPUS",
     "ModelRunner",
     "OnnxModel",
     "default_intra_op_threads",
     "resolve_providers",
+    "resolve_worker_mode",
     "usable_cpus",
 ]
 
 CUDA = "CUDAExecutionProvider"
 CPU = "CPUExecutionProvider"
+PROCESS_MIN_CPUS = 4
+"""Usable CPUs from which ``worker_mode = "auto"`` runs CPU workers in their own processes."""
 
 _DTYPES = {
     "tensor(float)": np.float32,
@@ -83,6 +87,28 @@ def resolve_providers(choice: str) -> list[str]:
     if choice in ("auto", "cuda") and CUDA in available:
         return [CUDA, CPU]
     return [CPU]
+
+
+def resolve_worker_mode(mode: str, providers: Sequence[str], cpus: int) -> str:
+    """``process`` or ``thread`` for a configured `mode` (``auto``, ``process``, ``thread``).
+
+    ``auto``: thread when the first provider is CUDA, since onnxruntime CUDA sessions in
+    several processes on one GPU each hold their own CUDA context and memory arena (hundreds
+    of MB each, times workers and feasible batch sizes) and time-share the GPU without MPS,
+    while the GPU's kernels run outside the GIL anyway; else process from
+    ``PROCESS_MIN_CPUS`` usable CPUs, where workers in one process contend for its GIL
+    (PARD gives each worker its own container, §4.1, §5.1), and thread on smaller hosts,
+    where a child per worker adds memory and a hop per batch for cores that are not there.
+    """
+    if mode in ("process", "thread"):
+        return mode
+    if mode != "auto":
+        raise PipelineConfigError(
+            f"pipeline worker_mode: must be auto, process or thread, got {mode!r}"
+        )
+    if providers and providers[0] == CUDA:
+        return "thread"
+    return "process" if cpus >= PROCESS_MIN_CPUS else "thread"
 
 
 class OnnxModel:

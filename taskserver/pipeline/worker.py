@@ -28,11 +28,20 @@ open batch's t_e is the earliest expected end among them (the earliest-free repl
 it). Replicas join (`add_replica`, once their session is built and warmed off the serving
 path) and leave (`retire_replica`: no new batch, closed when its running batch ends) at run
 time, as the pipeline's WorkerScaler decides (taskserver.pard.scaling).
+
+A replica's runner may run its model in a child process (process.py: ``worker_mode``); the
+replica's thread then builds the batch in the runner's shared buffer and waits for the
+child, and everything above stays here. A runner that loses its process (WorkerLost) fails
+that batch's requests; the replica then counts as busy until a new process is started,
+loaded and warm (``restart()``, in the replica's thread: the decisions see it busy until
+its expected end, the runner's last start time from now), and serves again. A retired or
+closed replica's runner is closed (``close()``: its process stopped) in its thread.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import logging
 import time
@@ -46,11 +55,11 @@ import numpy as np
 from taskserver.abc import ExecutorError
 from taskserver.pard import Decision, Dropper, PipelineRequest, RequestBroker, StatePlanner
 from taskserver.pipeline.config import ModuleConfig
-from taskserver.pipeline.errors import InferenceFailed
+from taskserver.pipeline.errors import InferenceFailed, WorkerLost
 from taskserver.pipeline.flight import BatchRecord, Flight, ModuleTiming
 from taskserver.pipeline.sessions import ModelRunner
 
-__all__ = ["ModuleWorker", "Replica", "Router", "feasible_target"]
+__all__ = ["ModuleWorker", "Replica", "Router", "close_runner", "feasible_target"]
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +70,24 @@ RECHECK_SLACK_S = 0.001  # a batch that starts this late after its t_e is rechec
 _ADAPT_WEIGHT = 0.1  # EWMA weight of one batch in the duration scale
 _ADAPT_STEP = 0.02  # relative change of the scale that reaches the planner
 _SCALE_MIN, _SCALE_MAX = 0.5, 4.0
+RESTART_RETRY_S = 1.0  # a replica whose new process failed to start tries again after this
+
+
+def close_runner(runner: ModelRunner) -> None:
+    """Release what a runner holds (a ProcessRunner's child); runners without close: nothing."""
+    close = getattr(runner, "close", None)
+    if close is not None:
+        try:
+            close()
+        except Exception:  # a runner that fails to close must not stop the others closing
+            log.exception("closing %r failed", runner)
+
+
+def _restart_after(delay_s: float, runner: ModelRunner) -> None:
+    """In a replica's thread: wait `delay_s`, then restart the runner's process."""
+    if delay_s > 0:
+        time.sleep(delay_s)
+    runner.restart()  # type: ignore[attr-defined]
 
 
 class Router(Protocol):
@@ -91,6 +118,7 @@ class Replica:
         "index",
         "joined_s",
         "pool",
+        "restarts",
         "retiring",
         "runner",
         "started_s",
@@ -110,6 +138,13 @@ class Replica:
         self.joined_s = 0.0  # when it began to serve (0: with the module)
         self.retiring = False
         self.batches = 0
+        self.restarts = 0  # new processes after a lost one (its future: the restart)
+
+    def release(self) -> concurrent.futures.Future[None]:
+        """Close the runner in this replica's thread, after its running work; stop the thread."""
+        done = self.pool.submit(close_runner, self.runner)
+        self.pool.shutdown(wait=False)
+        return done
 
 
 def feasible_target(count: int, sizes: tuple[int, ...]) -> int:
@@ -160,12 +195,17 @@ class ModuleWorker:
         self._completing: list[Flight] = []  # the finished batch being accounted for
         self._wake = asyncio.Event()
         self.arrivals = 0  # requests submitted here (the scaler's rate)
+        self.worker_crashes = 0  # batches that lost their worker's process (WorkerLost)
+        self.restart_failures = 0  # new processes that failed to start in a lost one's place
+        self._closing = False
+        self._releases: set[concurrent.futures.Future[None]] = set()  # runners closing
         self.sizes: Counter[int] = Counter()  # batch-size histogram
         self.batches = 0
         self.requests = 0
         self.short_batches = 0
         self.busy_s = 0.0  # prep + model time
         self.exec_s = 0.0  # model time alone
+        self.hop_s = 0.0  # the part of exec_s a process runner's hop took (messages, copies)
         self.profiled_s = 0.0  # what the profile said those batches would take: d_k(target)
         self.duration_scale = 1.0  # EWMA of measured / profiled batch time (adapt_durations)
         # PARD decision cost on the loop: DEPQ push, planner context, form_batch / decide
@@ -246,10 +286,15 @@ class ModuleWorker:
         replica.retiring = True
         self.planner.set_workers(len(self.replicas))
         if replica.future is None:
-            replica.pool.shutdown(wait=False)
+            self._release(replica)
         else:
             self._retired.append(replica)
         return replica
+
+    def _release(self, replica: Replica) -> None:
+        done = replica.release()
+        self._releases.add(done)
+        done.add_done_callback(self._releases.discard)
 
     @property
     def open_count(self) -> int:
@@ -312,6 +357,14 @@ class ModuleWorker:
             replica = self._idle_replica()
             if replica is None:
                 return
+            runner = replica.runner
+            if not getattr(runner, "alive", True) and hasattr(runner, "restart"):
+                # its process died while idle (kill -9, out of memory): no batch is lost, but
+                # it is counted and replaced as one that died running a batch
+                self.worker_crashes += 1
+                log.warning("module %s: %r died; starting a new one", self.module.label, runner)
+                self._restart(replica, 0.0)
+                continue
             self._launch(replica)  # none starts when the recheck dropped all: collect again
             self._collect()  # the next batch opens as this one starts (Fig. 3b)
 
@@ -416,29 +469,74 @@ class ModuleWorker:
 
     def _execute(
         self, runner: ModelRunner, flights: list[Flight]
-    ) -> tuple[np.ndarray, float, float]:
-        """In a replica's thread: build the batch's inputs, run the model."""
+    ) -> tuple[np.ndarray, float, float, int]:
+        """In a replica's thread: build the batch's inputs, run the model; the last item is
+        what a process runner's hop took of the model's time (ns; 0 in this process)."""
         shape, dtype = runner.input_shape, runner.input_dtype
         start = self.clock()
-        batch = np.stack([f.input_for(self.id, shape, dtype) for f in flights])
+        inputs = [f.input_for(self.id, shape, dtype) for f in flights]
+        lend = getattr(runner, "batch_buffer", None)  # a process runner's shared buffer
+        buffer = lend(len(inputs)) if lend is not None else None
+        batch = np.stack(inputs) if buffer is None else np.stack(inputs, out=buffer)
         ran = self.clock()
+        hop_ns = getattr(runner, "hop_ns", 0)
         output = runner.run(batch)
         exec_s = self.clock() - ran
+        hop_ns = getattr(runner, "hop_ns", 0) - hop_ns
         if not isinstance(output, np.ndarray) or output.shape[:1] != (len(flights),):
             raise InferenceFailed(
                 f"module {self.module.label}: model returned shape "
                 f"{getattr(output, 'shape', None)} for a batch of {len(flights)}"
             )
-        return output, ran - start, exec_s
+        return output, ran - start, exec_s, hop_ns
 
     def _on_done(self, replica: Replica, future: asyncio.Future) -> None:
         self._finished.append((replica, replica.flights, replica.target, replica.started_s, future))
         replica.future = None
         replica.flights = []
         replica.idle_since_s = self.clock()
+        lost = not future.cancelled() and isinstance(future.exception(), WorkerLost)
+        if lost:
+            self.worker_crashes += 1
+            log.warning("%s; starting a new one", future.exception())
+        if lost and hasattr(replica.runner, "restart") and not (replica.retiring or self._closing):
+            self._restart(replica, 0.0)
+        elif replica.retiring:
+            self._retired.remove(replica)
+            self._release(replica)
+        self._wake.set()
+
+    def _restart(self, replica: Replica, delay_s: float) -> None:
+        """Start a new process for `replica` in its thread; busy until then (module docstring)."""
+        now = self.clock()
+        replica.started_s = now
+        replica.end_s = now + delay_s + getattr(replica.runner, "start_s", 0.0)
+        run = functools.partial(_restart_after, delay_s, replica.runner)
+        future = asyncio.get_running_loop().run_in_executor(replica.pool, run)
+        future.add_done_callback(functools.partial(self._on_restarted, replica))
+        replica.future = future
+
+    def _on_restarted(self, replica: Replica, future: asyncio.Future) -> None:
+        replica.future = None
+        replica.idle_since_s = self.clock()
+        error = None if future.cancelled() else future.exception()
         if replica.retiring:
             self._retired.remove(replica)
-            replica.pool.shutdown(wait=False)
+            self._release(replica)
+        elif self._closing:
+            pass  # close() closes it with the others
+        elif error is None and not future.cancelled():
+            replica.restarts += 1
+        else:
+            self.restart_failures += 1
+            log.error("module %s: a new worker process failed: %s", self.module.label, error)
+            if len(self.replicas) > 1:  # the others serve on; this one goes
+                self.replicas.remove(replica)
+                self.planner.set_workers(len(self.replicas))
+                self._release(replica)
+            else:  # the last one: nobody waits on it meanwhile, then it tries again
+                self._fail_all(InferenceFailed(f"module {self.module.label}: no worker: {error}"))
+                self._restart(replica, RESTART_RETRY_S)
         self._wake.set()
 
     def _complete(
@@ -461,7 +559,8 @@ class ModuleWorker:
                 if flight.alive:
                     self.router.failed(flight, self.module, error)
             return
-        output, prep_s, exec_s = future.result()
+        output, prep_s, exec_s, hop_ns = future.result()
+        self.hop_s += hop_ns / 1e9
         ids = [f.request_id for f in flights]
         self.batches += 1
         replica.batches += 1
@@ -513,10 +612,16 @@ class ModuleWorker:
                 self.router.failed(flight, self.module, error)
 
     async def close(self) -> None:
-        """Wait for the running batches, then stop the model threads."""
+        """Wait for the running batches, then close the runners and stop the model threads."""
+        if self._closing:
+            return
+        self._closing = True
         replicas = [*self.replicas, *self._retired]
         running = [r.future for r in replicas if r.future is not None]
         if running:
             await asyncio.wait(running)
-        for replica in replicas:
-            replica.pool.shutdown(wait=False, cancel_futures=True)
+        # each in its own thread, so the processes stop together; and those retired before
+        closing = [r.release() for r in (*self.replicas, *self._retired)]
+        pending = [*closing, *self._releases]
+        if pending:
+            await asyncio.gather(*map(asyncio.wrap_future, pending), return_exceptions=True)

@@ -91,6 +91,7 @@ async def test_workers_grow_under_load_and_fall_back_with_real_sessions(executor
         providers="cpu",
         intra_op_threads=1,
         workers=scaling,
+        worker_mode="thread",  # process workers: tests/integration/test_pipeline_processes.py
     )
     ex = executors(config)
     worker = ex.workers["1"]
