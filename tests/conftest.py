@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
+import tempfile
+from collections.abc import Generator
 from pathlib import Path
 
 import pytest
@@ -17,3 +21,35 @@ def tailbench_dir() -> Path:
     if not TAILBENCH_DIR.is_dir():
         pytest.fail(f"Tailbench data not found at {TAILBENCH_DIR}: the package ships it")
     return TAILBENCH_DIR
+
+
+# --- Tests that measure time run alone -------------------------------------------------
+#
+# The suite runs in two pytest-xdist workers (pyproject's addopts). A test marked `solo`
+# judges latencies or start-up times of live processes against a scenario, so the other
+# worker's CPU-bound tests would be what it measures: it takes an exclusive lock that every
+# other test takes shared, so it runs while the other worker waits between two tests.
+# The lock is taken outside pytest-timeout's timer (an outer hook wrapper), so waiting for
+# it does not count against a test's timeout.
+
+
+def _lock_path() -> Path | None:
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if not run:
+        return None  # not under xdist: nothing runs beside this test
+    return Path(tempfile.gettempdir()) / f"tailgate-tests-{run}.lock"
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, None, None]:
+    path = _lock_path()
+    if path is None:
+        yield
+        return
+    with path.open("a") as f:
+        solo = item.get_closest_marker("solo") is not None
+        fcntl.flock(f, fcntl.LOCK_EX if solo else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)

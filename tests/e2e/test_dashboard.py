@@ -18,7 +18,7 @@ import pytest
 
 from tests.integration.harness import REPO_ROOT, Proc, start_cli, start_gateway, start_taskserver
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.solo]
 
 CHROMIUM = shutil.which("chromium")
 CHROMIUM_ARGS = [

@@ -20,7 +20,7 @@ from loadtests.sim.scenario import load_scenario
 from loadtests.sim.tailbench import TAILBENCH_DIR
 from taskserver.service_time import ServiceSpec
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.solo]
 
 REPO = Path(__file__).resolve().parents[2]
 TABLE = TAILBENCH_DIR / "masstree_quantiles.txt"

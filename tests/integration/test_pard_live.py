@@ -11,7 +11,7 @@ pytest.importorskip("onnxruntime")
 
 from loadtests.pard_live import main
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.solo]
 
 
 def test_live_and_simulated_sides_run_the_same_requests_with_scaling(

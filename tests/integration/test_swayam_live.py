@@ -19,7 +19,7 @@ from loadtests.sim.pool import PoolScenario
 from loadtests.swayam_live import run_pool_live
 from taskserver.service_time import ServiceSpec
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.solo, pytest.mark.timeout(180)]
 
 
 def _processes_naming(text: str) -> list[int]:

@@ -14,7 +14,7 @@ import pytest
 
 from tests.integration.conftest import Cluster, query, register
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.integration, pytest.mark.solo, pytest.mark.timeout(120)]
 
 SLO_MS = 400.0
 BULK_SERVICE_MS = 40.0
