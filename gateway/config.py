@@ -438,6 +438,10 @@ class GatewayConfig:
     heartbeat_timeout_s: float = 3.0
     """A server that has not answered a heartbeat for this long is marked down; also how long
     a central-queueing gateway's claim on a server lasts without renewal."""
+    registration_grace_s: float = 10.0
+    """For this long after the gateway starts, servers may still be registering (a restarted
+    replica, a fresh `tailgate up`): a fanout above the servers registered so far is a 503
+    `servers_registering` with Retry-After, not a 400; 0: always a 400."""
     retry_after_s: int = 1
     """Retry-After sent with 503 answers."""
     cdf_window: int = 4096
@@ -543,6 +547,11 @@ class GatewayConfig:
             )
         if self.retry_after_s < 0:
             raise ValueError(f"retry_after_s: must be >= 0, got {self.retry_after_s}")
+        if not (math.isfinite(self.registration_grace_s) and self.registration_grace_s >= 0):
+            raise ValueError(
+                f"registration_grace_s: must be a finite number >= 0, got "
+                f"{self.registration_grace_s}"
+            )
         if self.cdf_window < 100:
             raise ValueError(f"cdf_window: must be >= 100, got {self.cdf_window}")
         if self.cdf_refresh_every < 1:

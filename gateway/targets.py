@@ -106,6 +106,9 @@ class TargetPicker:
         }
         """Pool -> cluster -> member ids; a declared cluster stays known while it has none."""
         self._declared = {p.name: frozenset(p.clusters) for p in config.pools}
+        self.registering: Callable[[], float] = lambda: 0.0
+        """Seconds left of the gateway's registration grace (0: passed; the service sets it
+        when it starts): within it, too few servers is worth a retry, not a client error."""
         self.prefix: dict[str, Callable[[], int]] = {}
         """Pools routed by their ordered backend prefix (Swayam): pool -> n in use now."""
 
@@ -163,6 +166,7 @@ class TargetPicker:
         if t.fanout > len(members):
             size = self._size(t.pool, t.cluster, t.exclude_cluster)
             if t.fanout > size:
+                self._check_registering(f"fanout {t.fanout}", size, scope)
                 raise BadRequest(
                     f"fanout {t.fanout} exceeds the {size} servers of {scope}",
                     field="targets.fanout",
@@ -357,6 +361,9 @@ class TargetPicker:
         links: list[TaskLink] = []
         for cluster, ids in clusters.items():
             if k > len(ids):
+                self._check_registering(
+                    f"per_cluster {k}", len(ids), f"cluster {cluster!r} in pool {pool!r}"
+                )
                 raise BadRequest(
                     f"per_cluster {k} exceeds the {len(ids)} servers of cluster {cluster!r} "
                     f"in pool {pool!r}",
@@ -364,6 +371,17 @@ class TargetPicker:
                 )
             links += self._sample(ids, k)
         return links
+
+    def _check_registering(self, asked: str, size: int, scope: str) -> None:
+        """Within the registration grace, more servers than registered so far is a 503."""
+        left = self.registering()
+        if left > 0:
+            raise self._unavailable(
+                f"{asked} exceeds the {size} servers of {scope} registered so far: the gateway "
+                f"started moments ago and servers are still registering",
+                "servers_registering",
+                retry_after=min(left, 1.0),
+            )
 
     def _unavailable(
         self, message: str, code: str, retry_after: float | None = None, **extra: object

@@ -84,7 +84,9 @@ async def test_bodies_must_be_json_and_every_error_names_its_field(
     cluster: Cluster, http: aiohttp.ClientSession
 ) -> None:
     cfg = cluster.tmp_path / "gateway.toml"
-    cfg.write_text("[gateway]\nmax_body_bytes = 4096\nhistory_interval_s = 0.2\n")
+    cfg.write_text(
+        "[gateway]\nmax_body_bytes = 4096\nhistory_interval_s = 0.2\nregistration_grace_s = 0\n"
+    )
     gw = start_cli(["gateway", "--port", "0"], config=cfg, env={"TAILGATE_AGENT_TOKEN": TOKEN})
     cluster.procs.append(gw)
     auth = {"Authorization": f"Bearer {TOKEN}"}

@@ -129,7 +129,8 @@ CASES = [
 
 @pytest.fixture
 async def gw(cluster: Cluster, http: aiohttp.ClientSession):
-    g = cluster.gateway("[gateway]\nmax_body_bytes = 4096\n")
+    # No registration grace: a fanout above the registered servers is a client error at once.
+    g = cluster.gateway("[gateway]\nmax_body_bytes = 4096\nregistration_grace_s = 0\n")
     for i in range(2):
         await register(http, g, cluster.taskserver(f"ts-{i + 1}"))
     return g

@@ -23,10 +23,17 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 ENV = {"TAILGATE_AGENT_TOKEN": TOKEN}
 
 
-def _gateway(procs: Cluster, *, port: int = 0, token: str | None = TOKEN) -> Proc:
-    """A gateway with the default config (pool "edge": central, one CDF per cluster)."""
+def _gateway(
+    procs: Cluster, *, port: int = 0, token: str | None = TOKEN, grace_s: float | None = None
+) -> Proc:
+    """A gateway with the default config (pool "edge": central, one CDF per cluster), or
+    with `registration_grace_s = grace_s`."""
     env = {"TAILGATE_AGENT_TOKEN": token} if token else {}
-    p = start_cli(["gateway", "--port", str(port)], env=env)
+    cfg = None
+    if grace_s is not None:
+        cfg = procs.tmp_path / f"gateway-grace-{len(procs.procs)}.toml"
+        cfg.write_text(f"[gateway]\nregistration_grace_s = {grace_s}\n")
+    p = start_cli(["gateway", "--port", str(port)], config=cfg, env=env)
     procs.procs.append(p)
     return p
 
@@ -161,10 +168,30 @@ async def test_task_server_with_the_token_registers_itself_with_its_cluster(
     assert servers["pi-1"]["registered_ago_s"] < 0.9
 
 
+async def test_just_after_start_too_few_servers_is_a_retry_not_a_client_error(
+    cluster: Cluster, http: aiohttp.ClientSession
+) -> None:
+    """A restarted replica: its servers come back within their register interval, so
+    within the registration grace a fanout above the servers registered so far is a 503
+    with Retry-After (a client retries it), not a 400 (a client gives up on it)."""
+    gw = _gateway(cluster, grace_s=60)
+    await _register(http, gw, _taskserver(cluster, "g-1"), cluster="a")
+    for targets, asked in (
+        ({"pool": "edge", "fanout": 2}, "fanout 2 exceeds the 1 servers of pool 'edge'"),
+        ({"pool": "edge", "per_cluster": 2}, "per_cluster 2 exceeds the 1 servers of cluster"),
+    ):
+        status, ans, headers = await query(http, gw, {"class": "C", "targets": targets})
+        assert status == 503 and ans["error"]["code"] == "servers_registering", ans
+        assert asked in ans["error"]["message"] and "still registering" in ans["error"]["message"]
+        assert 0 < float(headers["Retry-After"]) <= 1
+    status, ans, _ = await query(http, gw, {"class": "C", "targets": {"pool": "edge", "fanout": 1}})
+    assert status == 200, ans
+
+
 async def test_cluster_and_per_cluster_targets_pick_the_right_servers(
     cluster: Cluster, http: aiohttp.ClientSession
 ) -> None:
-    gw = _gateway(cluster)
+    gw = _gateway(cluster, grace_s=0)  # too few servers is a client error at once
     layout = {"a-1": "a", "a-2": "a", "b-1": "b", "b-2": "b", "c-1": "c"}
     for sid, name in layout.items():
         await _register(http, gw, _taskserver(cluster, sid, "--slots", "4"), cluster=name, slots=4)

@@ -83,6 +83,7 @@ def test_env_names_the_file(tmp_path: Path) -> None:
         ({"gateway": {"port": 70000}}, "gateway.port", "0..65535"),
         ({"gateway": {"port": "80"}}, "gateway.port", "expected an integer"),
         ({"gateway": {"prot": 80}}, "gateway.prot", "unknown key"),
+        ({"gateway": {"registration_grace_s": -1}}, "gateway.registration_grace_s", ">= 0"),
         ({"classes": [{"name": "A", "latency_ms": -1}]}, "classes[0].latency_ms", "> 0"),
         ({"classes": [{"name": "A"}]}, "classes[0].latency_ms", "required"),
         (
