@@ -41,6 +41,8 @@ ALLOWED_5XX = frozenset(
         "503 servers_down",
         "503 no_servers",
         "503 cluster_unavailable",
+        # A replica just restarted: its servers are still registering again.
+        "503 servers_registering",
         # A server refused the task: it is draining (a restart by SIGTERM).
         "503 task_rejected",
         # Admission control shed load while the miss ratio was above its threshold.
