@@ -47,6 +47,14 @@ FINE_STEPS = 32
 fine spacing (~0.4% for a 15-e-fold span) bounds the error at the kinks of empirical CDFs."""
 _VECTOR_MIN = 8
 """observe_many: from this many values on, one numpy write beats a Python loop."""
+_C_ROWS_MIN = 16
+"""_rows_of: from this many ids on, the C lookup (when built) beats itemgetter."""
+
+try:
+    from gateway._hotpath import slots_of as _slots_of
+except ImportError:  # built at install when a C compiler is there; itemgetter otherwise
+    _slots_of = None
+
 _BLOCK_INDEX = np.arange(COARSE_CELLS)[:, None] * FINE_STEPS + np.arange(FINE_STEPS + 1)
 
 
@@ -211,11 +219,19 @@ class Composition:
 
 
 class _Row:
-    """One CDF row: a ring-buffer window of post-queuing times and its snapshot."""
+    """One CDF row: a ring-buffer window of post-queuing times and its snapshot.
+
+    The row's snapshot sits in a slot of the book's matrices of log F; rows that hold the
+    same snapshot (the servers of a pool, until their first refresh) share one slot, so an
+    idle server costs the book a few hundred bytes, not a slot's ~17 KB.
+    """
 
     __slots__ = (
+        "_window",
         "cdf",
         "filled",
+        "fresh",
+        "fresh_pos",
         "group",
         "members",
         "model",
@@ -225,7 +241,7 @@ class _Row:
         "prior",
         "seen",
         "shared",
-        "window",
+        "slot",
     )
 
     def __init__(
@@ -236,9 +252,16 @@ class _Row:
         group: str | None,
         model: TableCdf | None = None,
     ) -> None:
-        self.window = window
+        self._window = window
         self.filled = filled
         self.pos = filled % window.size
+        self.slot = -1
+        """The slot of its snapshot in the book's matrices (shared with rows of the same
+        snapshot)."""
+        self.fresh: list[float] = []
+        """Online samples not yet written into a window of its own (while `shared`)."""
+        self.fresh_pos = 0
+        """The window position of fresh[0]."""
         self.seen = 0
         self.pending = 0
         self.cdf = cdf
@@ -251,21 +274,65 @@ class _Row:
         self.moments: ServiceMoments | None = None
         """Raw moments of the window, computed on first use after each refresh."""
         self.shared = not window.flags.writeable
-        """The window is the prior's, shared with other rows until a sample comes (read
-        only): an idle server holds no window of its own."""
+        """The window is the prior's, shared with other rows (read only) until the row's
+        samples are needed in a window (its first refresh, or its moments): a server that
+        saw fewer samples than a refresh holds them in `fresh`, not a window of its own."""
+
+    @property
+    def window(self) -> np.ndarray:
+        """The window of post-queuing times, with every sample observed written in."""
+        if self.fresh:
+            return self.own_window()
+        return self._window
 
     def own_window(self) -> np.ndarray:
-        """The window, made this row's own before its first write."""
+        """The window, made this row's own (with its fresh samples written in)."""
         if self.shared:
-            self.window = self.window.copy()
+            self._window = self._window.copy()
             self.shared = False
-        return self.window
+        if self.fresh:
+            fresh, self.fresh = self.fresh, []
+            _write_ring(self._window, self.fresh_pos, np.asarray(fresh, dtype=np.float64))
+        return self._window
+
+    def take(self, values: Sequence[float]) -> None:
+        """Write samples at the window's position on: into the window once it is its own,
+        else kept in `fresh` (then the position moves on as if written)."""
+        size = self._window.size
+        n = len(values)
+        if self.shared:
+            if not self.fresh:
+                self.fresh_pos = self.pos
+            self.fresh.extend(values)
+            drop = len(self.fresh) - size
+            if drop > 0:  # only the last `size` can survive
+                del self.fresh[:drop]
+                self.fresh_pos = (self.fresh_pos + drop) % size
+        elif n == 1:
+            self._window[self.pos] = values[0]
+        else:
+            _write_ring(self._window, self.pos, np.asarray(values, dtype=np.float64))
+        self.pos = (self.pos + n) % size
+        self.filled = min(self.filled + n, size)
+        self.seen += n
+        self.pending += n
 
     def prior_left(self) -> int:
         """Prior samples still in the window: online ones fill its free slots, then
         overwrite the prior's, one by one."""
-        overwritten = max(self.seen - (self.window.size - self.prior), 0)
+        overwritten = max(self.seen - (self._window.size - self.prior), 0)
         return max(self.prior - overwritten, 0)
+
+
+def _write_ring(window: np.ndarray, pos: int, values: np.ndarray) -> None:
+    """Write values into a ring buffer from `pos` on, wrapping (only the last window.size
+    of them survive)."""
+    size = window.size
+    kept = values[-size:]
+    pos = (pos + values.size - kept.size) % size
+    first = min(kept.size, size - pos)
+    window[pos : pos + first] = kept[:first]
+    window[: kept.size - first] = kept[first:]
 
 
 def _seed_window(prior_ms: ArrayLike | TableCdf, window_size: int) -> tuple[np.ndarray, int]:
@@ -312,8 +379,15 @@ class CdfBook:
         self._tail_fraction = tail_fraction
         self._version = 0
         self._slot_of: dict[str, int] = {}
-        self._group_slot: dict[str, int] = {}
-        self._rows: list[_Row | None] = []
+        """Server -> the slot of its row's snapshot (what the solver reads)."""
+        self._rows_by_id: dict[str, _Row] = {}
+        self._group_row: dict[str, _Row] = {}
+        self._snaps: list[LatencyCdf | TableCdf | None] = []
+        """Slot -> the snapshot whose log F it holds (None: free)."""
+        self._refs: list[int] = []
+        """Slot -> rows holding its snapshot."""
+        self._slot_by_snap: dict[int, int] = {}
+        """id(snapshot) -> its slot (the snapshot is held in _snaps while mapped)."""
         self._seeded: tuple[object, np.ndarray, int, LatencyCdf | TableCdf] | None = None
         """The last prior a row started from: (it, its seeded window, the samples in the
         window, the window's snapshot), for the next row of the same prior."""
@@ -347,27 +421,29 @@ class CdfBook:
         """
         if not isinstance(server_id, str) or not server_id:
             raise ValueError(f"server_id must be a non-empty string, got {server_id!r}")
-        old = self._slot_of.get(server_id)
-        if group is not None and group in self._group_slot:
+        old = self._rows_by_id.get(server_id)
+        if group is not None and group in self._group_row:
             # The group's row keeps what it has learned; a prior passed again is not used.
-            slot = self._group_slot[group]
+            row = self._group_row[group]
         else:
             if prior_ms is None:
                 who = f"group {group!r}" if group is not None else f"server {server_id!r}"
                 raise ValueError(f"prior_ms is required for the first registration of {who}")
-            slot = self._new_row(prior_ms, group)
-        if old is not None and old != slot:
+            row = self._new_row(prior_ms, group)
+        if old is not None and old is not row:
             self._detach(server_id, old)
-        self._slot_of[server_id] = slot
-        self._live_row(slot).members.add(server_id)
+        self._rows_by_id[server_id] = row
+        self._slot_of[server_id] = row.slot
+        row.members.add(server_id)
         self._version += 1
 
     def remove_server(self, server_id: str) -> None:
         """Deregister a server; a group's row stays while any member remains."""
-        slot = self._slot_of.pop(server_id, None)
-        if slot is None:
+        row = self._rows_by_id.pop(server_id, None)
+        if row is None:
             raise KeyError(f"unknown server id {server_id!r}")
-        self._detach(server_id, slot)
+        del self._slot_of[server_id]
+        self._detach(server_id, row)
         self._version += 1
 
     def has_server(self, server_id: str) -> bool:
@@ -378,24 +454,16 @@ class CdfBook:
 
     def observe(self, server_id: str, post_queue_ms: float) -> None:
         """Record one post-queuing time; unknown servers are ignored (late results)."""
-        slot = self._slot_of.get(server_id)
-        if slot is None:
+        row = self._rows_by_id.get(server_id)
+        if row is None:
             return
         if not (0.0 <= post_queue_ms < math.inf):
             raise ValueError(f"post_queue_ms must be finite and >= 0, got {post_queue_ms!r}")
-        row = self._live_row(slot)
-        (row.window if not row.shared else row.own_window())[row.pos] = post_queue_ms
-        row.pos += 1
-        if row.pos == row.window.size:
-            row.pos = 0
-        if row.filled < row.window.size:
-            row.filled += 1
-        row.seen += 1
-        row.pending += 1
+        row.take((float(post_queue_ms),))
         # TailGuard §III.C.2 updates F_l online; rebuilding the snapshot every refresh_every
         # samples (not per sample) keeps this hot path O(1) amortised.
         if row.pending >= self._refresh_every:
-            self._refresh(slot, row)
+            self._refresh(row)
 
     def observe_many(self, server_id: str, post_queue_ms: Sequence[float]) -> None:
         """Record several post-queuing times of one server in order (a frame of results),
@@ -405,39 +473,43 @@ class CdfBook:
             for value in post_queue_ms:
                 self.observe(server_id, value)
             return
-        slot = self._slot_of.get(server_id)
-        if slot is None:
+        row = self._rows_by_id.get(server_id)
+        if row is None:
             return
         values = np.asarray(post_queue_ms, dtype=np.float64)
         # NaN fails both comparisons; checked before anything is written.
         if not (values.min() >= 0.0 and values.max() < math.inf):
             bad = values[~((values >= 0.0) & (values < math.inf))][0]
             raise ValueError(f"post_queue_ms must be finite and >= 0, got {float(bad)!r}")
-        row = self._live_row(slot)
-        window = row.own_window()
-        size = window.size
-        # Only the last `size` values survive a batch longer than the window.
-        kept = values[-size:]
-        pos = (row.pos + n - kept.size) % size
-        first = min(kept.size, size - pos)
-        window[pos : pos + first] = kept[:first]
-        window[: kept.size - first] = kept[first:]
-        row.pos = (pos + kept.size) % size
-        row.filled = min(row.filled + n, size)
-        row.seen += n
-        row.pending += n
+        row.take(values if not row.shared else values.tolist())
         if row.pending >= self._refresh_every:
-            self._refresh(slot, row)
+            self._refresh(row)
 
-    def _refresh(self, slot: int, row: _Row) -> None:
-        """A fresh snapshot of the row's window, installed in L."""
+    def _refresh(self, row: _Row) -> None:
+        """A fresh snapshot of the row's window, installed in L: in the row's own slot, or
+        in a new one when the row shared its slot with rows of the old snapshot."""
         row.pending = 0
         model = row.model if row.model is not None and row.prior_left() else None
-        samples = row.window[: row.filled]
+        samples = row.own_window()[: row.filled]
+        old = row.cdf
         row.cdf = LatencyCdf.from_samples(samples, self._tail_fraction, model=model)
         row.moments = None
-        self._install(slot)
+        slot = row.slot
+        if self._refs[slot] == 1:
+            del self._slot_by_snap[id(old)]
+            self._snaps[slot] = row.cdf
+            self._slot_by_snap[id(row.cdf)] = slot
+            self._install(slot)
+        else:
+            self._release(slot)
+            self._move(row, self._attach(row.cdf))
         self._version += 1
+
+    def _move(self, row: _Row, slot: int) -> None:
+        """The row's snapshot is in this slot now: so are its servers."""
+        row.slot = slot
+        for server_id in row.members:
+            self._slot_of[server_id] = slot
 
     @property
     def version(self) -> int:
@@ -517,7 +589,7 @@ class CdfBook:
             homogeneous = counts[first] == k
         if homogeneous:
             # One distinct row: F^k = p/100 has the closed form F^{-1}((p/100)^(1/k)).
-            cdf = self._live_row(first).cdf
+            cdf = self._snap(first)
             x = cdf.quantile(per_task)
             return Solution(x, "tail-model" if x > cdf.threshold_ms else "empirical", per_task)
         weights = None
@@ -546,17 +618,17 @@ class CdfBook:
         tail_model = x > float(self._threshold_ms[rows].min())
         return Solution(x, "tail-model" if tail_model else "empirical", per_task)
 
-    def _live_row(self, slot: int) -> _Row:
-        row = self._rows[slot]
-        if row is None:
-            raise AssertionError(f"slot {slot} is mapped but holds no row")
-        return row
+    def _snap(self, slot: int) -> LatencyCdf | TableCdf:
+        cdf = self._snaps[slot]
+        if cdf is None:
+            raise AssertionError(f"slot {slot} is mapped but holds no snapshot")
+        return cdf
 
     def _row_of(self, server_id: str) -> _Row:
-        slot = self._slot_of.get(server_id)
-        if slot is None:
+        row = self._rows_by_id.get(server_id)
+        if row is None:
             raise KeyError(f"unknown server id {server_id!r}")
-        return self._live_row(slot)
+        return row
 
     def _rows_of(self, server_ids: Sequence[str]) -> np.ndarray:
         if isinstance(server_ids, str):
@@ -567,16 +639,21 @@ class CdfBook:
         try:
             if n == 1:
                 return np.array([self._slot_of[server_ids[0]]], dtype=np.intp)
+            if _slots_of is not None and n >= _C_ROWS_MIN:
+                # gateway/_hotpath.c: the n dict lookups and the unboxing in one C loop (a
+                # third of the time of the itemgetter below at k = 1000).
+                return np.frombuffer(_slots_of(self._slot_of, server_ids), dtype=np.intp)
             # itemgetter does the n dict lookups in C; fromiter unboxes the tuple (the two
             # together are ~20% faster than fromiter over map(dict.__getitem__)).
             return np.fromiter(itemgetter(*server_ids)(self._slot_of), np.intp, count=n)
         except KeyError as exc:
             raise KeyError(f"unknown server id {exc.args[0]!r}") from None
 
-    def _new_row(self, prior_ms: ArrayLike | TableCdf, group: str | None) -> int:
+    def _new_row(self, prior_ms: ArrayLike | TableCdf, group: str | None) -> _Row:
         # Rows registered one after another with the same prior object (the servers of a
         # pool) start from one window and one snapshot, seeded once and shared read-only
-        # until each row's first sample (_Row.own_window): an idle server holds neither.
+        # until each row's first refresh (_Row.own_window; the slot: _refresh): an idle
+        # server holds neither.
         seeded = self._seeded
         if seeded is None or seeded[0] is not prior_ms:
             window, filled = _seed_window(prior_ms, self._window_size)
@@ -590,33 +667,53 @@ class CdfBook:
         _, window, filled, cdf = seeded
         model = prior_ms if isinstance(prior_ms, TableCdf) else None
         row = _Row(window, filled, cdf, group, model=model)
+        row.slot = self._attach(cdf)
+        if group is not None:
+            self._group_row[group] = row
+        return row
+
+    def _attach(self, cdf: LatencyCdf | TableCdf) -> int:
+        """The slot holding this snapshot, taken by one more row (a new slot, filled, for a
+        snapshot no row holds yet)."""
+        slot = self._slot_by_snap.get(id(cdf))
+        if slot is not None:
+            self._refs[slot] += 1
+            return slot
         if self._free:
             slot = self._free.pop()
-            self._rows[slot] = row
+            self._snaps[slot] = cdf
+            self._refs[slot] = 1
         else:
-            slot = len(self._rows)
-            self._rows.append(row)
+            slot = len(self._snaps)
+            self._snaps.append(cdf)
+            self._refs.append(1)
             if slot >= self._capacity:
                 self._grow(max(8, slot + slot // 2))
-        if group is not None:
-            self._group_slot[group] = slot
+        self._slot_by_snap[id(cdf)] = slot
         self._install(slot)
         return slot
 
-    def _detach(self, server_id: str, slot: int) -> None:
-        row = self._live_row(slot)
-        row.members.discard(server_id)
-        if row.members:
+    def _release(self, slot: int) -> None:
+        """One row less holds the slot's snapshot; the last one frees the slot."""
+        self._refs[slot] -= 1
+        if self._refs[slot]:
             return
-        if row.group is not None:
-            del self._group_slot[row.group]
-        self._rows[slot] = None
+        del self._slot_by_snap[id(self._snap(slot))]
+        self._snaps[slot] = None
         self._free.append(slot)
         # A free slot must add 0 to counts @ L and never win a min or max.
         self._coarse[slot] = 0.0
         self._blocks[:, slot, :] = 0.0
         self._threshold_ms[slot] = math.inf
         self._sup_ms[slot] = -math.inf
+
+    def _detach(self, server_id: str, row: _Row) -> None:
+        row.members.discard(server_id)
+        if row.members:
+            return
+        if row.group is not None:
+            del self._group_row[row.group]
+        self._release(row.slot)
 
     def _grow(self, capacity: int) -> None:
         """Room for `capacity` rows in L and its side arrays; new slots are empty."""
@@ -639,14 +736,14 @@ class CdfBook:
 
     def _install(self, slot: int) -> None:
         """Put a row's fresh snapshot into L, rebuilding the grid if the row outgrew it."""
-        lo, hi = self._span_ms(self._live_row(slot).cdf)
+        lo, hi = self._span_ms(self._snap(slot))
         if self._grid_ms.size == 0 or lo <= self._grid_ms[0] or hi > self._grid_ms[-1]:
             self._rebuild_grid()
         else:
             self._fill(slot)
 
     def _fill(self, slot: int) -> None:
-        cdf = self._live_row(slot).cdf
+        cdf = self._snap(slot)
         log_f = np.maximum(cdf.log_cdf(self._grid_ms), LOG_FLOOR)
         self._coarse[slot] = log_f[::FINE_STEPS]
         self._blocks[:, slot, :] = log_f[_BLOCK_INDEX]
@@ -655,13 +752,13 @@ class CdfBook:
 
     def _rebuild_grid(self) -> None:
         """Lay a fresh grid over every live row's span (rare: a row outgrew the grid)."""
-        spans = [self._span_ms(row.cdf) for row in self._rows if row is not None]
+        spans = [self._span_ms(cdf) for cdf in self._snaps if cdf is not None]
         lo = min(s[0] for s in spans) / GRID_MARGIN
         hi = max(max(s[1] for s in spans), lo * GRID_MARGIN**2) * GRID_MARGIN
         self._grid_ms = np.geomspace(lo, hi, COARSE_CELLS * FINE_STEPS + 1)
         self._log_grid = np.log(self._grid_ms)
-        for slot, row in enumerate(self._rows):
-            if row is not None:
+        for slot, cdf in enumerate(self._snaps):
+            if cdf is not None:
                 self._fill(slot)
 
     def _interpolate(self, fine: np.ndarray, step: int, point: int, log_level: float) -> float:
@@ -684,7 +781,7 @@ class CdfBook:
     def _solve_beyond_grid(self, rows: np.ndarray, log_level: float) -> float:
         """Bisection on the exact CDFs above the grid (fanouts far beyond 10^4 at p99)."""
         slots, counts = np.unique(rows, return_counts=True)
-        cdfs = [self._live_row(s).cdf for s in slots.tolist()]
+        cdfs = [self._snap(s) for s in slots.tolist()]
 
         def total(x_ms: float) -> float:
             return sum(float(c) * float(f.log_cdf(x_ms)) for c, f in zip(counts, cdfs, strict=True))

@@ -18,7 +18,9 @@ it holds tasks, or does not answer a heartbeat within it, is down at once: the c
 is dropped, every task it holds fails, and it leaves the selection. Heartbeats are paced
 (gateway.pacing): while results come they stand in for heartbeats, and a server holding no
 task is asked at its quiet period, which grows with the servers registered beyond a few
-hundred; given work, it is back on heartbeat_s at once. A server that was down takes
+hundred; given work, its results stand in for the heartbeat, and one that is not heard
+from within heartbeat_s is asked at once (a timer checks, `_watch_busy`, not a wake-up of
+the heartbeat's task per dispatch). A server that was down takes
 tasks again once it answers a heartbeat on a new connection; what it held from the old one
 is cancelled there when it sees that connection closed (or fails unrun, past its SLO plus
 the grace). A successful TCP connect proves nothing: the kernel
@@ -32,13 +34,12 @@ import contextlib
 import logging
 import random
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from admission.allocation import DrrArbiter, FairArbiter
 from gateway.central import CentralQueue
+from gateway.hotpath import ResultFrames, ResultItem, TaskFrames
 from gateway.pacing import JITTER
 from gateway.queries import PendingTask
 from taskserver.backoff import Backoff, RetryLog
@@ -50,7 +51,6 @@ from taskserver.tls import ReloadingContext, tls_problem
 from taskserver.wire import (
     DEFAULT_LIMITS,
     ONEWAY,
-    Batcher,
     ProtocolViolation,
     TaskStatus,
     ThriftConnection,
@@ -82,10 +82,13 @@ class RoundTrips:
     reconnect, so the first reply after a stall is one sample among many.
     """
 
-    __slots__ = ("_samples", "one_way_ms", "smoothed_ms")
+    __slots__ = ("_max", "_next", "_samples", "one_way_ms", "smoothed_ms")
 
     def __init__(self, samples: int = RTT_SAMPLES) -> None:
-        self._samples: deque[float] = deque(maxlen=samples)
+        # A list used as a ring, not a deque: a deque's first block is ~0.5 KB a server.
+        self._samples: list[float] = []
+        self._max = samples
+        self._next = 0
         self.one_way_ms = 0.0
         self.smoothed_ms: float | None = None
 
@@ -93,7 +96,11 @@ class RoundTrips:
         """Take one round trip."""
         s = self.smoothed_ms
         self.smoothed_ms = rtt_ms if s is None else 0.8 * s + 0.2 * rtt_ms
-        self._samples.append(rtt_ms)
+        if len(self._samples) < self._max:
+            self._samples.append(rtt_ms)
+        else:
+            self._samples[self._next] = rtt_ms
+            self._next = (self._next + 1) % self._max
         self.one_way_ms = min(self._samples) / 2.0
 
 
@@ -101,10 +108,10 @@ class LinkDown(Exception):
     """The server is not connected; the task cannot be sent."""
 
 
-@dataclass(slots=True)
-class TaskReport:
+class TaskReport(NamedTuple):
     """A task server's result for one task, in our own types (the link converts the wire's
-    TaskResult once it has checked it: the query path never sees Thrift objects)."""
+    TaskResult once it has checked it: the query path never sees Thrift objects). A tuple,
+    so that the result decoder (gateway.hotpath) builds it in C."""
 
     status: TaskStatus
     queue_ms: float
@@ -120,6 +127,7 @@ class TaskReport:
 
 
 _STATUS = {s.value: s for s in TaskStatus}
+_REJECTED = TaskStatus.REJECTED
 
 ResultCallback = Callable[["ServerLink", PendingTask, TaskReport, float], None]
 ResultsCallback = Callable[["ServerLink", list[tuple[PendingTask, TaskReport]], float], None]
@@ -292,8 +300,8 @@ class ServerLink:
         self._up = asyncio.Event()
         self._idle_waiters: list[asyncio.Future[None]] = []
         self._poll_now = asyncio.Event()
-        """Set to make the heartbeat ask for the status at once (a task was rejected, or
-        a quiet server was given work while its heartbeat waited a long period)."""
+        """Set to make the heartbeat ask for the status at once (a task was rejected, or a
+        quiet server given work was not heard from within heartbeat_s: `_watch_busy`)."""
         self.quiet_period = quiet_period
         """Seconds between heartbeats while the server holds no task of this gateway
         (gateway.pacing; None: heartbeat_s)."""
@@ -303,6 +311,11 @@ class ServerLink:
         """A rejected task asked for the status (`_poll_now` is set for it)."""
         self._busy_since = 0.0
         """When the server was last given work while it held none (clock time)."""
+        self._watch: asyncio.TimerHandle | None = None
+        """While the heartbeat waits a quiet period and the server holds work: the timer that
+        checks its results come (`_watch_busy`)."""
+        self._silent = False
+        """`_watch_busy` ended the quiet wait: the server was given work and went silent."""
         self._rng = rng or random.Random()
         self._backoff = Backoff(RECONNECT_BASE_S, RECONNECT_CAP_S, self._rng)
         """Delays between reconnects (full jitter: links to servers lost together spread)."""
@@ -318,6 +331,8 @@ class ServerLink:
         """Why the last connection ended (None: closed without an error)."""
         self._t = thrift()
         self._types = gateway_body_types()
+        self._results = ResultFrames(limits, TaskReport)
+        """Takes the frames of results whole, without Thrift objects (gateway.hotpath)."""
 
     @property
     def one_way_ms(self) -> float:
@@ -357,12 +372,10 @@ class ServerLink:
     @property
     def is_up(self) -> bool:
         """Connected, answering heartbeats and taking new tasks from this gateway."""
-        return (
-            self.state == "up"
-            and not self.draining
-            and not self.server_draining
-            and self.owned_elsewhere is None
-        )
+        if self.state != "up" or self.draining or self.server_draining:
+            return False
+        owner = self.owner  # owned_elsewhere, inlined: asked of every target of a query
+        return owner is None or owner == self.gateway_id
 
     # -- lifecycle ------------------------------------------------------
     def start(self) -> None:
@@ -422,9 +435,10 @@ class ServerLink:
                             self._types,
                             self._on_message,
                             self._on_lost,
-                            batcher=Batcher.submit(),
+                            batcher=TaskFrames(),
                             limits=self.limits,
                             on_violation=self._on_violation,
+                            fast_frames=(self._results.decode, self._on_decoded),
                         ),
                         self.host,
                         self.port,
@@ -575,9 +589,9 @@ class ServerLink:
 
     async def _pause(self) -> bool:
         """Wait until the next heartbeat is due: heartbeat_s, or the quiet period while the
-        server holds no task, cut short when it is given work (then heartbeat_s from there,
-        in which its results may stand in for the heartbeat); True when a rejected task
-        asked for the status sooner."""
+        server holds no task, cut short when, given work, it is not heard from within
+        heartbeat_s (`_watch_busy`: then at once), or by a rejected task (then heartbeat_s
+        from there); True when a rejected task asked for the status sooner."""
         period_s = self.heartbeat_s
         if self.quiet_period is not None and not self.outstanding and self._paced():
             quiet_s = self.quiet_period()
@@ -590,6 +604,10 @@ class ServerLink:
             return False
         finally:
             self._stretched = False
+        if stretched and self._silent:
+            self._silent = False
+            self._poll_now.clear()
+            return False  # given work and not heard from since (_watch_busy): ask now
         if stretched and not self._repoll:
             self._poll_now.clear()  # given work: the regular period from now
             try:
@@ -703,15 +721,33 @@ class ServerLink:
         qid = p.run.query_id
         if not self.outstanding:
             self._busy_since = self.clock()
-            if self._stretched:
-                self._stretched = False
-                self._poll_now.set()  # ends a long quiet wait: the regular period from now
+            if self._stretched and self._watch is None:
+                # A quiet server given work: its results stand in for the heartbeat, and a
+                # timer (not a wake-up of the heartbeat's task, which thousands of quiet
+                # servers given work would queue on the event loop) checks every heartbeat_s
+                # that they come.
+                self._watch = asyncio.get_running_loop().call_later(
+                    self.heartbeat_s, self._watch_busy
+                )
         self.outstanding[qid] = p
         if self.queue is None:
             self._send(p, self.clock())
             return
         self.queue.push(p, self.clock())
         self._pump()
+
+    def _watch_busy(self) -> None:
+        """heartbeat_s after a quiet server was given work (and every heartbeat_s while it
+        holds some): if it has not been heard from within heartbeat_s, end the heartbeat's
+        quiet wait and ask for its status now, as a server with work is asked."""
+        self._watch = None
+        if not self._stretched or not self.outstanding or self._closing:
+            return  # quiet again, or the heartbeat is back on heartbeat_s by itself
+        if self.clock() - self._last_heard_s < self.heartbeat_s:
+            self._watch = asyncio.get_running_loop().call_later(self.heartbeat_s, self._watch_busy)
+            return
+        self._silent = True
+        self._poll_now.set()
 
     def _pump(self) -> None:
         """Central queueing: send what the queue releases into the server's free slots."""
@@ -729,20 +765,22 @@ class ServerLink:
         # Positional, in IDL field order (query_id, task_index, deadline_budget_ms,
         # slo_budget_ms, priority, class_name, payload): this runs once per task.
         one_way_ms = self.round_trips.one_way_ms
-        task = self._t.Task(
-            p.run.query_id,
-            p.index,
-            (p.deadline_s - now) * 1000.0 - one_way_ms,
-            (p.slo_deadline_s - now) * 1000.0 - one_way_ms,
-            p.priority,
-            p.class_name,
-            p.payload,
+        trace = p.trace  # tracing on: the task's span context goes with it
+        self._conn.send_item(
+            (
+                p.run.query_id,
+                p.index,
+                (p.deadline_s - now) * 1000.0 - one_way_ms,
+                (p.slo_deadline_s - now) * 1000.0 - one_way_ms,
+                p.priority,
+                p.class_name,
+                p.payload,
+                None if trace is None else trace.traceparent,
+                None if trace is None else trace.tracestate,
+            )
         )
-        if p.trace is not None:  # tracing on: the task's span context goes with it
-            task.traceparent, task.tracestate = p.trace.traceparent, p.trace.tracestate
         p.sent_s = now
         self.tasks_sent += 1
-        self._conn.send_item(task)
 
     def cancel_query(self, query_id: str) -> None:
         """Forget the query's task here and cancel it on the server."""
@@ -780,6 +818,36 @@ class ServerLink:
                 batch.append(report)
         if not batch:
             return
+        if self.on_results is not None:
+            self.on_results(self, batch, now)
+            return
+        for p, report in batch:
+            self.on_result(self, p, report, now)
+
+    def _on_decoded(self, items: list[ResultItem]) -> None:
+        """A frame of results the decoder took whole (gateway.hotpath: already checked as
+        result_problem would), told to the query path at once."""
+        self._last_heard_s = now = self.clock()
+        outstanding = self.outstanding
+        batch: list[tuple[PendingTask, TaskReport]] = []
+        queue = self.queue
+        for query_id, index, report in items:
+            p = outstanding.get(query_id)
+            if p is None or p.index != index:
+                continue  # the query already ended (failed, timed out, or cancelled)
+            del outstanding[query_id]
+            if report[0] is _REJECTED:
+                self._repoll = True  # REJECTED: is the server draining, or owned elsewhere?
+                self._poll_now.set()
+            if queue is not None:
+                queue.done()
+                self._pump()
+            batch.append((p, report))
+        if not batch:
+            return
+        self.results += len(batch)
+        if self._idle_waiters:
+            self._notify_idle()
         if self.on_results is not None:
             self.on_results(self, batch, now)
             return

@@ -67,6 +67,11 @@ from gateway.waits import NewTask, largest_mean_ms, link_wait
 from taskserver.abc import InvalidTask
 from taskserver.wire import TaskStatus
 
+try:
+    from gateway._hotpath import settle as _c_settle
+except ImportError:  # built at install when a C compiler is there; _settle's loop otherwise
+    _c_settle = None
+
 _LABEL = [TaskStatus(i).label for i in range(len(TaskStatus))]
 """TaskStatus -> the API's status name, by index (an IntEnum indexes a list in C)."""
 _OK, _REJECTED, _DROPPED = TaskStatus.OK, TaskStatus.REJECTED, TaskStatus.DROPPED
@@ -779,81 +784,17 @@ class QueryPath:
         miss windows and the metrics once for the batch (a frame of results, not a task)."""
         central = link.central
         server_id, pool = link.server_id, link.pool
-        metrics, groups, tenants = self.metrics, self.groups, self.tenants
-        statuses: dict[str, int] = {}
-        post_queue: list[float] = []
-        """Post-queuing times of the tasks that ran (status ok), for the CDF book."""
-        by_class: dict[str, list[int]] = {}
-        """Class -> [misses, tasks] of the tasks that ran."""
-        by_group: dict[tuple[str, str, int], list[float]] = {}
-        """Request group -> [tasks ended, service ms summed, tasks that ran]."""
-        for p, r in batch:
-            status = _LABEL[r.status]
-            if central:
-                # The dequeue happened here, when the task was sent (TailGuard §III.C.2).
-                post_queue_ms = (now - p.sent_s) * 1000.0
-                queue_ms = p.gateway_queue_ms + r.queue_ms
-                missed = bool(p.missed_deadline)
-            else:
-                # No shared clock: split the round trip into server time and network time,
-                # and charge the server's post-dequeue part plus the return half.
-                rtt_ms = (now - p.sent_s) * 1000.0
-                net_ms = max(rtt_ms - r.server_ms, 0.0)
-                post_queue_ms = (r.server_ms - r.queue_ms) + net_ms / 2.0
-                queue_ms = r.queue_ms + net_ms / 2.0
-                missed = bool(r.missed_deadline)
-            statuses[status] = statuses.get(status, 0) + 1
-            ran = r.status is _OK
-            if ran:
-                if p.est_wait_ms is not None:
-                    # The server's own queue wait (server queueing: no network in it).
-                    actual_ms = queue_ms if central else r.queue_ms
-                    metrics.wait_estimate_error(pool, actual_ms, p.est_wait_ms)
-                post_queue.append(post_queue_ms)
-                counts = by_class.get(p.class_name)
-                if counts is None:
-                    counts = by_class[p.class_name] = [0, 0]
-                counts[0] += missed
-                counts[1] += 1
-                if tenants.gates and not central:
-                    tenants.note_task(p.flow, missed, p.class_name)
-            elif r.status is _DROPPED:
-                metrics.task_dropped(pool, r.error)
-            # Positional: this runs once per task (field order of TaskOutcome).
-            outcome = TaskOutcome(
-                server_id,
-                status,
-                queue_ms,
-                r.service_ms,
-                post_queue_ms,
-                r.server_ms,
-                missed,
-                r.result,
-                r.error,
-                p.est_wait_ms,
-                p.retries,
-            )
-            if p.trace is not None:
-                p.trace.end(
-                    status,
-                    server_id,
-                    p.retries,
-                    queue_ms=queue_ms,
-                    service_ms=r.service_ms,
-                    missed=missed,
-                    error=r.error,
-                )
-            run = p.run
-            run.complete(p.index, outcome, now)
-            if run.group is not None:
-                ended = by_group.get(run.group)
-                if ended is None:
-                    ended = by_group[run.group] = [0, 0.0, 0]
-                ended[0] += 1
-                service_ms = r.service_ms
-                if ran and 0.0 <= service_ms < math.inf:
-                    ended[1] += service_ms
-                    ended[2] += 1
+        metrics, groups = self.metrics, self.groups
+        settled = None
+        if _c_settle is not None and not central and not self.tenants.gates:
+            # gateway/_hotpath.c: the loop of _settle in C for a frame whose tasks all ran
+            # untraced (None for any other frame, which _settle takes).
+            settled = _c_settle(batch, now, server_id, _OK, OK, TaskOutcome)
+        if settled is None:
+            statuses, post_queue, by_class, by_group = self._settle(link, batch, now)
+        else:
+            post_queue, by_class, by_group = settled
+            statuses = {OK: len(batch)}
         for status, n in statuses.items():
             metrics.tasks_done(pool, status, n)
         if post_queue:
@@ -872,6 +813,106 @@ class QueryPath:
             metrics.server_windows.tasks(server_id, pool, len(post_queue), misses)
         for group, (ended_n, service_sum, ran_n) in by_group.items():
             groups.tasks_done(group, int(ended_n), service_sum, int(ran_n))
+
+    def _settle(
+        self, link: TaskLink, batch: list[tuple[PendingTask, TaskReport]], now: float
+    ) -> tuple[
+        dict[str, int],
+        list[float],
+        dict[str, list[int]],
+        dict[tuple[str, str, int], list[float]],
+    ]:
+        """Each task's outcome into its query; the frame's counts by status, post-queuing
+        times, [misses, tasks] by class and [ended, service ms summed, ran] by request group
+        (the reference of gateway/_hotpath.c's settle)."""
+        central = link.central
+        server_id, pool = link.server_id, link.pool
+        metrics, tenants = self.metrics, self.tenants
+        statuses: dict[str, int] = {}
+        post_queue: list[float] = []
+        """Post-queuing times of the tasks that ran (status ok), for the CDF book."""
+        by_class: dict[str, list[int]] = {}
+        """Class -> [misses, tasks] of the tasks that ran."""
+        by_group: dict[tuple[str, str, int], list[float]] = {}
+        """Request group -> [tasks ended, service ms summed, tasks that ran]."""
+        note_tenants = bool(tenants.gates) and not central
+        last_group: tuple[str, str, int] | None = None
+        ended: list[float] = []
+        for p, r in batch:
+            # TaskReport is a tuple: unpacked at once, this runs once per task.
+            code, r_queue_ms, service_ms, server_ms, r_missed, result, error = r
+            status = _LABEL[code]
+            if central:
+                # The dequeue happened here, when the task was sent (TailGuard §III.C.2).
+                post_queue_ms = (now - p.sent_s) * 1000.0
+                queue_ms = p.gateway_queue_ms + r_queue_ms
+                missed = bool(p.missed_deadline)
+            else:
+                # No shared clock: split the round trip into server time and network time,
+                # and charge the server's post-dequeue part plus the return half.
+                net_ms = (now - p.sent_s) * 1000.0 - server_ms
+                if net_ms < 0.0:
+                    net_ms = 0.0
+                post_queue_ms = (server_ms - r_queue_ms) + net_ms / 2.0
+                queue_ms = r_queue_ms + net_ms / 2.0
+                missed = bool(r_missed)
+            statuses[status] = statuses.get(status, 0) + 1
+            est_wait_ms = p.est_wait_ms
+            ran = code is _OK
+            if ran:
+                if est_wait_ms is not None:
+                    # The server's own queue wait (server queueing: no network in it).
+                    actual_ms = queue_ms if central else r_queue_ms
+                    metrics.wait_estimate_error(pool, actual_ms, est_wait_ms)
+                post_queue.append(post_queue_ms)
+                cls = p.class_name
+                counts = by_class.get(cls)
+                if counts is None:
+                    counts = by_class[cls] = [0, 0]
+                counts[0] += missed
+                counts[1] += 1
+                if note_tenants:
+                    tenants.note_task(p.flow, missed, cls)
+            elif code is _DROPPED:
+                metrics.task_dropped(pool, error)
+            # Positional: this runs once per task (field order of TaskOutcome).
+            outcome = TaskOutcome(
+                server_id,
+                status,
+                queue_ms,
+                service_ms,
+                post_queue_ms,
+                server_ms,
+                missed,
+                result,
+                error,
+                est_wait_ms,
+                p.retries,
+            )
+            if p.trace is not None:
+                p.trace.end(
+                    status,
+                    server_id,
+                    p.retries,
+                    queue_ms=queue_ms,
+                    service_ms=service_ms,
+                    missed=missed,
+                    error=error,
+                )
+            run = p.run
+            run.complete(p.index, outcome, now)
+            group = run.group
+            if group is not None:
+                if group != last_group:  # the tasks of a frame are mostly of one group
+                    ended = by_group.get(group)  # type: ignore[assignment]
+                    if ended is None:
+                        ended = by_group[group] = [0, 0.0, 0]
+                    last_group = group
+                ended[0] += 1
+                if ran and 0.0 <= service_ms < math.inf:
+                    ended[1] += service_ms
+                    ended[2] += 1
+        return statuses, post_queue, by_class, by_group
 
     def on_dequeue(self, link: TaskLink, p: PendingTask) -> None:
         """Central queueing: a task left this gateway's queue; its miss is known now."""

@@ -76,6 +76,9 @@ class ServerRegistry:
         self.clock = clock
         self.instance_id = instance_id
         self._link_factory = link_factory
+        self._link_rng = random.Random()
+        """The links' jitter (reconnect backoff, quiet heartbeat periods): one generator for
+        all of them, not a Mersenne Twister state (2.5 KB) per server."""
         self.links: dict[str, TaskLink] = {}
         self.targets = TargetPicker(config, self.links, rng, self._wait_of, self._back_in)
         self._drain_ends: dict[str, float] = {}
@@ -165,6 +168,7 @@ class ServerRegistry:
             on_change=self.on_link_change,
             on_dequeue=self.on_dequeue,
             limits=self._wire_limits,
+            rng=self._link_rng,
             token=self.config.token,
             on_violation=lambda lk, v: self.metrics.wire_violations.labels(
                 lk.server_id, v.reason

@@ -10,7 +10,9 @@ heartbeats, as real ones do). Once all N are up and a settling pause has passed:
   which no query runs (heartbeats and registration refreshes only);
 - ``GET /v1/servers``: the median time of the whole listing, and of one page of 100;
 - fanout-100 p99: the gateway's latency_ms of queries of fanout 100 (random servers of the
-  pool) from ``clients`` clients, p50 and p99 (fanout min(100, N)).
+  pool) from ``clients`` clients, p50 and p99 (fanout min(100, N)); and the gateway-added
+  part of it (dispatch_ms + merge_ms of each answer, as in bench_latency): what the gateway
+  itself adds, apart from the N servers' processes sharing the machine's cores.
 
 On one small machine the server processes share the cores with the gateway; what the
 gateway spends is its own (/proc), its latencies are those of the whole machine.
@@ -57,6 +59,8 @@ class Row:
     fanout: int
     p50_ms: float
     p99_ms: float
+    added_p50_us: float
+    added_p99_us: float
 
 
 async def _timed_get(http: aiohttp.ClientSession, url: str, repeats: int) -> float:
@@ -74,8 +78,8 @@ async def _timed_get(http: aiohttp.ClientSession, url: str, repeats: int) -> flo
 
 async def _queries(
     http: aiohttp.ClientSession, url: str, fanout: int, n: int, clients: int
-) -> list[float]:
-    """latency_ms of n queries of this fanout from `clients` clients."""
+) -> list[tuple[float, float]]:
+    """(latency_ms, gateway-added µs) of n queries of this fanout from `clients` clients."""
     body = json.dumps({"class": "C", "targets": {"pool": "default", "fanout": fanout}}).encode()
     left, out = [n], []
 
@@ -87,7 +91,8 @@ async def _queries(
             ) as r:
                 ans = await r.json()
                 if r.status == 200:
-                    out.append(ans["latency_ms"])
+                    added_us = (ans["dispatch_ms"] + ans["merge_ms"]) * 1000.0
+                    out.append((ans["latency_ms"], added_us))
 
     await asyncio.gather(*(client() for _ in range(clients)))
     return out
@@ -108,10 +113,17 @@ async def measure(n: int, args: argparse.Namespace) -> Row:
             whole = await _timed_get(http, gw.url + "/v1/servers", 5)
             page = await _timed_get(http, gw.url + "/v1/servers?limit=100", 5)
             await _queries(http, gw.url, fanout, min(args.queries // 5, 50), args.clients)
-            lat = sorted(await _queries(http, gw.url, fanout, args.queries, args.clients))
-    p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else float("nan")
-    p50 = statistics.median(lat) if lat else float("nan")
-    return Row(n, rss, idle, whole, page, fanout, p50, p99)
+            answers = await _queries(http, gw.url, fanout, args.queries, args.clients)
+    lat = sorted(a for a, _ in answers)
+    added = sorted(b for _, b in answers)
+    return Row(n, rss, idle, whole, page, fanout, *_p50_p99(lat), *_p50_p99(added))
+
+
+def _p50_p99(xs: list[float]) -> tuple[float, float]:
+    """Median and nearest-rank 99th percentile of sorted values (nan for none)."""
+    if not xs:
+        return float("nan"), float("nan")
+    return statistics.median(xs), xs[min(len(xs) - 1, int(0.99 * len(xs)))]
 
 
 async def main_async(args: argparse.Namespace) -> None:
@@ -122,11 +134,11 @@ async def main_async(args: argparse.Namespace) -> None:
     )
     print(
         "servers   gateway RSS   per server   idle CPU   per server   GET /v1/servers"
-        "        fanout   latency_ms"
+        "        fanout   latency_ms          gateway-added µs"
     )
     print(
         "              MiB          KiB      % core     % core       all / page of 100 ms"
-        "            p50 /    p99"
+        "            p50 /    p99          p50 /    p99"
     )
     first: Row | None = None
     for n in args.servers:
@@ -138,7 +150,8 @@ async def main_async(args: argparse.Namespace) -> None:
             f"{row.servers:>7,}   {row.rss_mib:>11.1f}   {per_kib:>10.1f}   "
             f"{row.idle_cpu:>8.1%}   {row.idle_cpu / row.servers:>10.4%}   "
             f"{row.list_ms:>8.1f} / {row.page_ms:>5.1f}      {row.fanout:>6}   "
-            f"{row.p50_ms:>6.1f} / {row.p99_ms:>6.1f}",
+            f"{row.p50_ms:>6.1f} / {row.p99_ms:>6.1f}     "
+            f"{row.added_p50_us:>6.0f} / {row.added_p99_us:>6.0f}",
             flush=True,
         )
 

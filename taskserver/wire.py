@@ -36,7 +36,7 @@ from functools import cache
 from operator import attrgetter
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Protocol
 
 import thriftpy2
 from thriftpy2.protocol.cybin import TCyBinaryProtocol
@@ -193,6 +193,8 @@ def gateway_body_types() -> dict[tuple[str, int], type]:
 
 
 MessageHandler = Callable[[str, int, int, Any], None]
+FrameDecoder = Callable[[bytes], "list[Any] | None"]
+"""Takes a frame whole (its items), or gives None for the general decoding."""
 ViolationHandler = Callable[[ProtocolViolation, str], None]
 """Told of a frame that closed the connection: the violation and the peer's address."""
 
@@ -266,6 +268,15 @@ class Batcher:
         return encode_message(self.batch_name, ONEWAY, 0, body, hint)
 
 
+class ItemEncoder(Protocol):
+    """What a connection's batched oneway items are encoded by (a Batcher, or the gateway's
+    task writer, gateway.hotpath.TaskFrames)."""
+
+    def encode(self, items: list[Any]) -> bytes:
+        """Framed oneway messages carrying the items, in order."""
+        ...
+
+
 class ThriftConnection(asyncio.Protocol):
     """One duplex framed-Thrift connection.
 
@@ -279,13 +290,17 @@ class ThriftConnection(asyncio.Protocol):
         body_types: dict[tuple[str, int], type],
         on_message: MessageHandler,
         on_lost: Callable[[Exception | None], None] | None = None,
-        batcher: Batcher | None = None,
+        batcher: ItemEncoder | None = None,
         *,
         limits: WireLimits = DEFAULT_LIMITS,
         on_violation: ViolationHandler | None = None,
+        fast_frames: tuple[FrameDecoder, Callable[[list[Any]], None]] | None = None,
     ) -> None:
         self._body_types = body_types
         self._batcher = batcher
+        self._fast_decode, self._on_fast = fast_frames or (None, None)
+        """A decoder that takes the common frames whole without Thrift objects, and the
+        handler of what it took (the gateway's result frames: gateway.hotpath)."""
         self._items: list[Any] = []
         self._on_message = on_message
         self._on_lost = on_lost
@@ -315,6 +330,7 @@ class ThriftConnection(asyncio.Protocol):
         buf += data
         pos = 0
         end = len(buf)
+        fast = self._fast_decode
         try:
             while end - pos >= 4:
                 (size,) = _LEN.unpack_from(buf, pos)
@@ -326,6 +342,11 @@ class ThriftConnection(asyncio.Protocol):
                     break
                 frame = bytes(buf[pos + 4 : pos + 4 + size])
                 pos += 4 + size
+                if fast is not None:
+                    items = fast(frame)
+                    if items is not None:
+                        self._on_fast(items)  # type: ignore[misc]
+                        continue
                 name, mtype, seqid, body = decode_message(frame, self._body_types, self._limits)
                 if mtype in (REPLY, EXCEPTION):
                     self._resolve_call(seqid, mtype, body)

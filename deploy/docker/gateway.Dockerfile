@@ -12,8 +12,9 @@
 ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
-# A C compiler for the frame check's C walk (taskserver/_framecheck.c); the build fails
-# below if it did not build, rather than ship the slower Python walk.
+# A C compiler for the frame check's C walk (taskserver/_framecheck.c) and the links' frame
+# codec (gateway/_hotpath.c); the build fails below if they did not build, rather than ship
+# the slower Python twins.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends gcc libc6-dev \
  && rm -rf /var/lib/apt/lists/*
@@ -32,6 +33,7 @@ RUN python -m venv /opt/tailgate/venv \
  && /opt/tailgate/venv/bin/pip install --no-cache-dir \
         -c deploy/docker/constraints.txt ".[k8s,postgres]" \
  && /opt/tailgate/venv/bin/python -c "import taskserver._framecheck" \
+ && /opt/tailgate/venv/bin/python -c "import gateway._hotpath" \
  && /opt/tailgate/venv/bin/python -m compileall -q /opt/tailgate/venv
 
 FROM ${PYTHON_IMAGE}

@@ -263,7 +263,14 @@ def test_group_of_ten_equals_ten_rows_of_the_same_prior() -> None:
         a = grouped.solve(ids(10), percentile)
         b = distinct.solve(ids(10), percentile)
         assert b.unloaded_ms == pytest.approx(a.unloaded_ms, rel=1e-4)  # measured <= 3.2e-7
+    # Rows of one prior share its snapshot's slot until they learn: the same multiset of
+    # rows, so the same key (and one cached x_p^u) as the group's.
+    assert grouped.composition_key(ids(10)) == distinct.composition_key(ids(10))
+    distinct.observe_many("s3", [0.5] * 64)  # s3's first refresh: a snapshot of its own
+    grouped.observe_many("s3", [0.5] * 64)  # the group's row: every member's snapshot
     assert grouped.composition_key(ids(10)) != distinct.composition_key(ids(10))
+    assert distinct.row_key("s3") != distinct.row_key("s4") == distinct.row_key("s0")
+    assert grouped.row_key("s3") == grouped.row_key("s4")
 
 
 def test_solver_matches_precise_bisection_on_random_rows() -> None:
@@ -397,7 +404,9 @@ def test_first_registration_needs_a_prior() -> None:
 
 
 def test_composition_key_names_the_multiset_of_rows() -> None:
-    book = make_book(exp_quantiles_ms(1.0, 1000), 3, group=None)
+    book = CdfBook()
+    for i in range(3):  # three priors: three rows of their own
+        book.add_server(f"s{i}", exp_quantiles_ms(1.0 + i, 1000))
     assert book.composition_key(["s0", "s1"]) == book.composition_key(["s1", "s0"])
     assert book.composition_key(["s0", "s1"]) != book.composition_key(["s0", "s0"])
     grouped = make_book(exp_quantiles_ms(1.0, 1000), 3)
@@ -433,3 +442,28 @@ def test_empty_or_unknown_servers_are_clear_errors() -> None:
         book.solve(["s0", "ghost"], 99.0)
     with pytest.raises(KeyError, match="ghost"):
         book.composition_key(["ghost"])
+
+
+def test_servers_of_one_prior_share_a_slot_until_their_first_refresh() -> None:
+    prior = np.random.default_rng(3).lognormal(0.0, 0.5, 256)
+    book = CdfBook(window_size=256, refresh_every=16)
+    for i in range(100):
+        book.add_server(f"s{i}", prior)
+    assert len({book.row_key(f"s{i}") for i in range(100)}) == 1  # one slot, not 100
+    before = book.solve(ids(100), 99.0)
+    book.observe_many("s5", [9.0] * 10)  # fewer than a refresh: kept, no window of its own
+    assert book.samples_seen("s5") == 10 and book.row_key("s5") == book.row_key("s6")
+    assert book.solve(ids(100), 99.0) == before
+    book.observe_many("s5", [9.0] * 10)  # its first refresh: a snapshot and slot of its own
+    assert book.row_key("s5") != book.row_key("s6") == book.row_key("s0")
+    assert book.cdf_of("s5").n == 256 and book.cdf_of("s6") is book.cdf_of("s0")
+    assert book.solve(ids(100), 99.0).unloaded_ms > before.unloaded_ms  # s5 slowed down
+    window = book._row_of("s5").window
+    assert np.count_nonzero(window == 9.0) == 20
+    for i in range(100):
+        if i != 5:
+            book.remove_server(f"s{i}")
+    # The prior's slot is free again, and s5 alone still answers.
+    assert book.solve(["s5"], 99.0).unloaded_ms == pytest.approx(9.0)
+    book.add_server("t", prior)
+    assert book.row_key("t") != book.row_key("s5")

@@ -25,8 +25,9 @@ def test_periods_are_the_configured_ones_until_many_servers_share_the_budget() -
     assert heartbeat_period_s(1.0, 10) == 1.0
     assert heartbeat_period_s(1.0, int(HEARTBEATS_PER_S)) == 1.0
     assert heartbeat_period_s(1.0, 10_000) == 10_000 / HEARTBEATS_PER_S
-    assert refresh_period_s(100) == 100 / REFRESHES_PER_S  # 5 s: the servers' own interval
-    assert refresh_period_s(10_000) == 500.0
+    assert refresh_period_s(50) == 50 / REFRESHES_PER_S  # 5 s: the servers' own interval
+    assert refresh_period_s(10_000) == 1000.0
+    assert heartbeat_period_s(1.0, 10_000) == 200.0
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,759 @@
+/*
+ * The gateway's task frames and result frames, encoded and decoded without Thrift objects.
+ *
+ * The C twin of gateway/hotpath.py (the reference; read its docstring first). Both turn a
+ * list of task tuples into the framed oneway submit / submit_batch messages thriftpy2
+ * writes for the same tasks (byte for byte), and a framed oneway result / result_batch
+ * message into result tuples, or None for any frame they do not take whole (the caller
+ * then decodes it the general way: taskserver.framecheck, then thriftpy2). The tests
+ * compare the two on random and fuzzed inputs (tests/unit/test_hotpath.py).
+ *
+ * It also maps a query's server ids to the CdfBook's rows (slots_of), the twin of the
+ * itemgetter in gateway/cdf.py, for the x_p^u solver of a large fanout.
+ *
+ * encode_tasks(items, max_batch_bytes) -> bytes
+ * decode_results(frame, max_string, max_items, max_depth, max_duration_ms, report_type, statuses)
+ *     -> [(query_id, task_index, report), ...] | None
+ */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define VERSION_1 0x80010000u
+#define T_STOP 0
+#define T_BOOL 2
+#define T_DOUBLE 4
+#define T_I32 8
+#define T_STRUCT 12
+#define T_STRING 11
+#define T_LIST 15
+#define ONEWAY 4
+#define TASK_FIELDS 9
+#define RESULT_FIELDS 9
+#define REPORT_FIELDS 7
+#define BLOB_OVERHEAD 128 /* taskserver.wire.Batcher: bytes counted per item beside its blob */
+
+/* ---------------------------------------------------------------- encoding ---------- */
+
+typedef struct {
+    const char *s[4]; /* query_id, class_name, traceparent, tracestate (UTF-8) */
+    Py_ssize_t n[4];
+    const char *payload;
+    Py_ssize_t payload_n; /* -1: no payload */
+    int32_t index;
+    int32_t priority;
+    double deadline;
+    double slo;
+    Py_ssize_t size; /* encoded struct bytes */
+} TaskView;
+
+static int as_i32(PyObject *v, int32_t *out, const char *what) {
+    long x;
+    if (!PyLong_CheckExact(v)) {
+        PyErr_Format(PyExc_TypeError, "%s: an int is needed", what);
+        return -1;
+    }
+    x = PyLong_AsLong(v);
+    if (x == -1 && PyErr_Occurred()) return -1;
+    if (x < INT32_MIN || x > INT32_MAX) {
+        PyErr_Format(PyExc_OverflowError, "%s: %ld is out of the i32 range", what, x);
+        return -1;
+    }
+    *out = (int32_t)x;
+    return 0;
+}
+
+static int as_double(PyObject *v, double *out, const char *what) {
+    if (PyFloat_CheckExact(v)) {
+        *out = PyFloat_AS_DOUBLE(v);
+        return 0;
+    }
+    if (PyLong_CheckExact(v)) {
+        *out = PyLong_AsDouble(v);
+        return (*out == -1.0 && PyErr_Occurred()) ? -1 : 0;
+    }
+    PyErr_Format(PyExc_TypeError, "%s: a float is needed", what);
+    return -1;
+}
+
+/* An optional string field: None, or a str (UTF-8). */
+static int as_text(PyObject *v, const char **s, Py_ssize_t *n, int required, const char *what) {
+    if (v == Py_None && !required) {
+        *s = NULL;
+        *n = -1;
+        return 0;
+    }
+    if (!PyUnicode_CheckExact(v)) {
+        PyErr_Format(PyExc_TypeError, "%s: a str is needed", what);
+        return -1;
+    }
+    *s = PyUnicode_AsUTF8AndSize(v, n);
+    return *s == NULL ? -1 : 0;
+}
+
+static int view_task(PyObject *item, TaskView *t) {
+    PyObject **f;
+    Py_ssize_t size;
+    int i;
+    if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != TASK_FIELDS) {
+        PyErr_SetString(PyExc_TypeError, "a task is a tuple of 9 fields");
+        return -1;
+    }
+    f = &PyTuple_GET_ITEM(item, 0);
+    if (as_text(f[0], &t->s[0], &t->n[0], 1, "query_id") < 0) return -1;
+    if (as_i32(f[1], &t->index, "task_index") < 0) return -1;
+    if (as_double(f[2], &t->deadline, "deadline_budget_ms") < 0) return -1;
+    if (as_double(f[3], &t->slo, "slo_budget_ms") < 0) return -1;
+    if (as_i32(f[4], &t->priority, "priority") < 0) return -1;
+    if (as_text(f[5], &t->s[1], &t->n[1], 0, "class_name") < 0) return -1;
+    if (f[6] == Py_None) {
+        t->payload = NULL;
+        t->payload_n = -1;
+    } else if (PyBytes_CheckExact(f[6])) {
+        t->payload = PyBytes_AS_STRING(f[6]);
+        t->payload_n = PyBytes_GET_SIZE(f[6]);
+    } else {
+        PyErr_SetString(PyExc_TypeError, "payload: bytes are needed");
+        return -1;
+    }
+    if (as_text(f[7], &t->s[2], &t->n[2], 0, "traceparent") < 0) return -1;
+    if (as_text(f[8], &t->s[3], &t->n[3], 0, "tracestate") < 0) return -1;
+    /* fields 1-5: headers (3 each), the query id's length and bytes, i32, 2 doubles, i32 */
+    size = 5 * 3 + 4 + t->n[0] + 4 + 8 + 8 + 4 + 1; /* + the stop byte */
+    for (i = 1; i < 4; i++) {
+        if (t->n[i] >= 0) size += 3 + 4 + t->n[i];
+    }
+    if (t->payload_n >= 0) size += 3 + 4 + t->payload_n;
+    t->size = size;
+    return 0;
+}
+
+static inline char *put_u8(char *p, int v) {
+    *p++ = (char)v;
+    return p;
+}
+
+static inline char *put_i16(char *p, int v) {
+    *p++ = (char)((v >> 8) & 0xff);
+    *p++ = (char)(v & 0xff);
+    return p;
+}
+
+static inline char *put_i32(char *p, uint32_t v) {
+    *p++ = (char)(v >> 24);
+    *p++ = (char)(v >> 16);
+    *p++ = (char)(v >> 8);
+    *p++ = (char)v;
+    return p;
+}
+
+static inline char *put_f64(char *p, double d) {
+    uint64_t u;
+    memcpy(&u, &d, 8);
+    p = put_i32(p, (uint32_t)(u >> 32));
+    return put_i32(p, (uint32_t)u);
+}
+
+static inline char *put_head(char *p, int type, int id) { return put_i16(put_u8(p, type), id); }
+
+static inline char *put_bytes(char *p, const char *s, Py_ssize_t n) {
+    p = put_i32(p, (uint32_t)n);
+    memcpy(p, s, (size_t)n);
+    return p + n;
+}
+
+/* One Task struct, its fields in IDL order (what thriftpy2's write_struct does). */
+static char *put_task(char *p, const TaskView *t) {
+    p = put_bytes(put_head(p, T_STRING, 1), t->s[0], t->n[0]);
+    p = put_i32(put_head(p, T_I32, 2), (uint32_t)t->index);
+    p = put_f64(put_head(p, T_DOUBLE, 3), t->deadline);
+    p = put_f64(put_head(p, T_DOUBLE, 4), t->slo);
+    p = put_i32(put_head(p, T_I32, 5), (uint32_t)t->priority);
+    if (t->n[1] >= 0) p = put_bytes(put_head(p, T_STRING, 6), t->s[1], t->n[1]);
+    if (t->payload_n >= 0) p = put_bytes(put_head(p, T_STRING, 7), t->payload, t->payload_n);
+    if (t->n[2] >= 0) p = put_bytes(put_head(p, T_STRING, 8), t->s[2], t->n[2]);
+    if (t->n[3] >= 0) p = put_bytes(put_head(p, T_STRING, 9), t->s[3], t->n[3]);
+    return put_u8(p, T_STOP);
+}
+
+/* Bytes of the framed message carrying tasks[a:b]. */
+static Py_ssize_t frame_size(const TaskView *t, Py_ssize_t a, Py_ssize_t b) {
+    Py_ssize_t body = 0, i;
+    for (i = a; i < b; i++) body += t[i].size;
+    if (b - a == 1) return 4 + 4 + 4 + 6 + 4 + 3 + body + 1;  /* "submit" */
+    return 4 + 4 + 4 + 12 + 4 + 3 + 5 + body + 1;              /* "submit_batch" */
+}
+
+static char *put_frame(char *p, const TaskView *t, Py_ssize_t a, Py_ssize_t b) {
+    Py_ssize_t i, size = frame_size(t, a, b);
+    p = put_i32(p, (uint32_t)(size - 4));
+    p = put_i32(p, VERSION_1 | ONEWAY);
+    if (b - a == 1) {
+        p = put_bytes(p, "submit", 6);
+        p = put_i32(p, 0);
+        p = put_task(put_head(p, T_STRUCT, 1), &t[a]);
+    } else {
+        p = put_bytes(p, "submit_batch", 12);
+        p = put_i32(p, 0);
+        p = put_head(p, T_LIST, 1);
+        p = put_u8(p, T_STRUCT);
+        p = put_i32(p, (uint32_t)(b - a));
+        for (i = a; i < b; i++) p = put_task(p, &t[i]);
+    }
+    return put_u8(p, T_STOP);
+}
+
+static PyObject *encode_tasks(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    PyObject *items, *out = NULL;
+    TaskView *views = NULL;
+    Py_ssize_t n, i, start, total, max_batch, size, *cuts = NULL, ncuts = 0;
+    char *p;
+    (void)self;
+    if (nargs != 2 || !PyList_CheckExact(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "encode_tasks(items: list, max_batch_bytes: int)");
+        return NULL;
+    }
+    items = args[0];
+    max_batch = PyLong_AsSsize_t(args[1]);
+    if (max_batch == -1 && PyErr_Occurred()) return NULL;
+    n = PyList_GET_SIZE(items);
+    if (n == 0) return PyBytes_FromStringAndSize(NULL, 0);
+    views = PyMem_Malloc((size_t)n * sizeof(TaskView));
+    cuts = PyMem_Malloc((size_t)(n + 1) * sizeof(Py_ssize_t));
+    if (views == NULL || cuts == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    total = 0;
+    for (i = 0; i < n; i++) {
+        if (view_task(PyList_GET_ITEM(items, i), &views[i]) < 0) goto done;
+        total += (views[i].payload_n > 0 ? views[i].payload_n : 0) + BLOB_OVERHEAD;
+    }
+    /* Frames as taskserver.wire.Batcher.encode cuts them: one, unless the payloads (and
+     * BLOB_OVERHEAD an item) exceed max_batch_bytes; then greedily, never splitting one. */
+    cuts[ncuts++] = 0;
+    if (total > max_batch) {
+        total = 0;
+        for (i = 0; i < n; i++) {
+            Py_ssize_t s = (views[i].payload_n > 0 ? views[i].payload_n : 0) + BLOB_OVERHEAD;
+            if (total && total + s > max_batch) {
+                cuts[ncuts++] = i;
+                total = 0;
+            }
+            total += s;
+        }
+    }
+    cuts[ncuts] = n;
+    size = 0;
+    for (i = 0; i < ncuts; i++) size += frame_size(views, cuts[i], cuts[i + 1]);
+    out = PyBytes_FromStringAndSize(NULL, size);
+    if (out == NULL) goto done;
+    p = PyBytes_AS_STRING(out);
+    for (start = 0; start < ncuts; start++) p = put_frame(p, views, cuts[start], cuts[start + 1]);
+    if (p != PyBytes_AS_STRING(out) + size) {
+        Py_CLEAR(out);
+        PyErr_SetString(PyExc_SystemError, "encode_tasks: size mismatch");
+    }
+done:
+    PyMem_Free(views);
+    PyMem_Free(cuts);
+    return out;
+}
+
+/* ---------------------------------------------------------------- decoding ---------- */
+
+typedef struct {
+    const unsigned char *buf;
+    Py_ssize_t pos;
+    Py_ssize_t end;
+    Py_ssize_t max_string;
+} Reader;
+
+static inline int take(Reader *r, Py_ssize_t n) {
+    if (n < 0 || r->end - r->pos < n) return -1;
+    return 0;
+}
+
+static inline int get_u8(Reader *r, int *v) {
+    if (take(r, 1) < 0) return -1;
+    *v = r->buf[r->pos++];
+    return 0;
+}
+
+static inline int get_i16(Reader *r, int *v) {
+    const unsigned char *p;
+    if (take(r, 2) < 0) return -1;
+    p = r->buf + r->pos;
+    *v = (int16_t)(((unsigned)p[0] << 8) | p[1]);
+    r->pos += 2;
+    return 0;
+}
+
+static inline int get_u32(Reader *r, uint32_t *v) {
+    const unsigned char *p;
+    if (take(r, 4) < 0) return -1;
+    p = r->buf + r->pos;
+    *v = ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+    r->pos += 4;
+    return 0;
+}
+
+static inline int get_f64(Reader *r, double *d) {
+    uint32_t hi, lo;
+    uint64_t u;
+    if (get_u32(r, &hi) < 0 || get_u32(r, &lo) < 0) return -1;
+    u = ((uint64_t)hi << 32) | lo;
+    memcpy(d, &u, 8);
+    return 0;
+}
+
+/* A string's bytes: its start and length, within the frame and max_string. */
+static inline int get_blob(Reader *r, const char **s, Py_ssize_t *n) {
+    uint32_t len;
+    if (get_u32(r, &len) < 0) return -1;
+    if ((int32_t)len < 0 || (Py_ssize_t)len > r->max_string || take(r, (Py_ssize_t)len) < 0)
+        return -1;
+    *s = (const char *)r->buf + r->pos;
+    *n = (Py_ssize_t)len;
+    r->pos += (Py_ssize_t)len;
+    return 0;
+}
+
+/* Status names to the objects a result tuple carries (TaskStatus members), 0..4. */
+#define STATUSES 5
+
+/* One TaskResult struct into a tuple: -1 with no error set when the frame is not taken,
+ * -1 with an error set on a failure of Python itself. */
+static PyObject *get_result(Reader *r, double max_duration, PyObject *report_type,
+                            PyObject *statuses) {
+    const char *qid = NULL, *res = NULL, *err = NULL;
+    Py_ssize_t qid_n = 0, res_n = 0, err_n = 0;
+    uint32_t index = 0, status = 0;
+    double d[3] = {0.0, 0.0, 0.0};
+    int missed = 0, seen = 0, type, id, i;
+    PyObject *fields[RESULT_FIELDS], *tuple, *report;
+    for (;;) {
+        if (get_u8(r, &type) < 0) return NULL;
+        if (type == T_STOP) break;
+        if (get_i16(r, &id) < 0 || id < 1 || id > RESULT_FIELDS) return NULL;
+        if (seen & (1 << id)) return NULL; /* a field twice: left to the general decoder */
+        seen |= 1 << id;
+        switch (id) {
+        case 1:
+            if (type != T_STRING || get_blob(r, &qid, &qid_n) < 0) return NULL;
+            break;
+        case 2:
+            if (type != T_I32 || get_u32(r, &index) < 0) return NULL;
+            break;
+        case 3:
+            if (type != T_I32 || get_u32(r, &status) < 0) return NULL;
+            break;
+        case 4:
+        case 5:
+        case 6:
+            if (type != T_DOUBLE || get_f64(r, &d[id - 4]) < 0) return NULL;
+            break;
+        case 7:
+            if (type != T_BOOL || get_u8(r, &missed) < 0) return NULL;
+            break;
+        case 8:
+            if (type != T_STRING || get_blob(r, &res, &res_n) < 0) return NULL;
+            break;
+        case 9:
+            if (type != T_STRING || get_blob(r, &err, &err_n) < 0) return NULL;
+            break;
+        }
+    }
+    if ((seen & 0xfe) != 0xfe) return NULL; /* a required field (1-7) is missing */
+    if (status >= STATUSES) return NULL;
+    for (i = 0; i < 3; i++) {
+        if (!(d[i] >= 0.0 && d[i] <= max_duration)) return NULL; /* NaN fails too */
+    }
+    fields[0] = PyUnicode_DecodeUTF8(qid, qid_n, NULL);
+    if (fields[0] == NULL) {
+        PyErr_Clear(); /* not UTF-8: thriftpy2 gives bytes, the general path handles it */
+        return NULL;
+    }
+    if (seen & (1 << 9)) {
+        fields[8] = PyUnicode_DecodeUTF8(err, err_n, NULL);
+        if (fields[8] == NULL) {
+            PyErr_Clear();
+            Py_DECREF(fields[0]);
+            return NULL;
+        }
+    } else {
+        fields[8] = Py_NewRef(Py_None);
+    }
+    fields[1] = PyLong_FromLong((long)(int32_t)index);
+    fields[2] = Py_NewRef(PyList_GET_ITEM(statuses, status));
+    fields[3] = PyFloat_FromDouble(d[0]);
+    fields[4] = PyFloat_FromDouble(d[1]);
+    fields[5] = PyFloat_FromDouble(d[2]);
+    fields[6] = Py_NewRef(missed ? Py_True : Py_False);
+    fields[7] = (seen & (1 << 8)) ? PyBytes_FromStringAndSize(res, res_n) : Py_NewRef(Py_None);
+    report = report_type == Py_None
+                 ? PyTuple_New(REPORT_FIELDS)
+                 : ((PyTypeObject *)report_type)->tp_alloc((PyTypeObject *)report_type,
+                                                           REPORT_FIELDS);
+    tuple = PyTuple_New(3);
+    for (i = 0; i < RESULT_FIELDS; i++) {
+        if (fields[i] == NULL || report == NULL || tuple == NULL) {
+            int j;
+            for (j = 0; j < RESULT_FIELDS; j++) Py_XDECREF(fields[j]);
+            Py_XDECREF(report);
+            Py_XDECREF(tuple);
+            if (!PyErr_Occurred()) PyErr_NoMemory();
+            return NULL;
+        }
+    }
+    /* (query_id, task_index, (status, queue_ms, service_ms, server_ms, missed, result, error)) */
+    for (i = 0; i < REPORT_FIELDS; i++) PyTuple_SET_ITEM(report, i, fields[i + 2]);
+    PyTuple_SET_ITEM(tuple, 0, fields[0]);
+    PyTuple_SET_ITEM(tuple, 1, fields[1]);
+    PyTuple_SET_ITEM(tuple, 2, report);
+    return tuple;
+}
+
+static PyObject *decode_results(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    Py_buffer view;
+    Reader r;
+    PyObject *out = NULL, *report_type, *statuses, *item;
+    uint32_t head, seqid, count = 0;
+    const char *name;
+    Py_ssize_t name_n, max_items, i;
+    double max_duration;
+    int max_depth, type, id, batch;
+    (void)self;
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError,
+                        "decode_results(frame, max_string, max_items, max_depth, "
+                        "max_duration_ms, report_type, statuses)");
+        return NULL;
+    }
+    r.max_string = PyLong_AsSsize_t(args[1]);
+    max_items = PyLong_AsSsize_t(args[2]);
+    max_depth = (int)PyLong_AsLong(args[3]);
+    max_duration = PyFloat_AsDouble(args[4]);
+    if (PyErr_Occurred()) return NULL;
+    report_type = args[5];
+    statuses = args[6];
+    if (report_type != Py_None &&
+        !(PyType_Check(report_type) &&
+          PyType_IsSubtype((PyTypeObject *)report_type, &PyTuple_Type) &&
+          ((PyTypeObject *)report_type)->tp_itemsize == PyTuple_Type.tp_itemsize &&
+          ((PyTypeObject *)report_type)->tp_basicsize == PyTuple_Type.tp_basicsize)) {
+        PyErr_SetString(PyExc_TypeError, "report_type: None or a tuple subclass without a dict");
+        return NULL;
+    }
+    if (!PyList_CheckExact(statuses) || PyList_GET_SIZE(statuses) != STATUSES) {
+        PyErr_SetString(PyExc_TypeError, "statuses: a list of the 5 task statuses");
+        return NULL;
+    }
+    if (max_depth < 3) Py_RETURN_NONE; /* message struct, list, result struct */
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
+    r.buf = (const unsigned char *)view.buf;
+    r.pos = 0;
+    r.end = view.len;
+    if (get_u32(&r, &head) < 0 || head != (VERSION_1 | ONEWAY)) goto not_taken;
+    if (get_blob(&r, &name, &name_n) < 0) goto not_taken;
+    if (name_n == 12 && memcmp(name, "result_batch", 12) == 0) {
+        batch = 1;
+    } else if (name_n == 6 && memcmp(name, "result", 6) == 0) {
+        batch = 0;
+    } else {
+        goto not_taken;
+    }
+    if (get_u32(&r, &seqid) < 0) goto not_taken;
+    if (get_u8(&r, &type) < 0 || get_i16(&r, &id) < 0 || id != 1) goto not_taken;
+    if (batch) {
+        int elem;
+        if (type != T_LIST || get_u8(&r, &elem) < 0 || elem != T_STRUCT) goto not_taken;
+        if (get_u32(&r, &count) < 0 || (int32_t)count < 0 || (Py_ssize_t)count > max_items)
+            goto not_taken;
+        /* A result is at least its seven required fields: no list longer than the frame. */
+        if ((Py_ssize_t)count > (r.end - r.pos) / 40) goto not_taken;
+    } else {
+        if (type != T_STRUCT) goto not_taken;
+        count = 1;
+    }
+    out = PyList_New((Py_ssize_t)count);
+    if (out == NULL) goto fail;
+    for (i = 0; i < (Py_ssize_t)count; i++) {
+        item = get_result(&r, max_duration, report_type, statuses);
+        if (item == NULL) {
+            if (PyErr_Occurred()) goto fail;
+            goto not_taken;
+        }
+        PyList_SET_ITEM(out, i, item);
+    }
+    if (get_u8(&r, &type) < 0 || type != T_STOP || r.pos != r.end) goto not_taken;
+    PyBuffer_Release(&view);
+    return out;
+not_taken:
+    Py_XDECREF(out);
+    PyBuffer_Release(&view);
+    Py_RETURN_NONE;
+fail:
+    Py_XDECREF(out);
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- CDF rows ---------- */
+
+/* slots_of(mapping, ids) -> bytes: mapping[id] for each id, as native Py_ssize_t (the
+ * CdfBook's rows of a query's servers, read with numpy.frombuffer); KeyError(id) for an id
+ * the mapping lacks. The twin of CdfBook._rows_of's itemgetter, without a tuple of ints. */
+static PyObject *slots_of(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    PyObject *mapping, *ids, *seq, *out, *value;
+    Py_ssize_t n, i, *dst;
+    (void)self;
+    if (nargs != 2 || !PyDict_CheckExact(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "slots_of(mapping: dict, ids: sequence)");
+        return NULL;
+    }
+    mapping = args[0];
+    ids = args[1];
+    seq = PySequence_Fast(ids, "ids: a sequence is needed");
+    if (seq == NULL) return NULL;
+    n = PySequence_Fast_GET_SIZE(seq);
+    out = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(Py_ssize_t));
+    if (out == NULL) {
+        Py_DECREF(seq);
+        return NULL;
+    }
+    dst = (Py_ssize_t *)PyBytes_AS_STRING(out);
+    for (i = 0; i < n; i++) {
+        PyObject *key = PySequence_Fast_GET_ITEM(seq, i);
+        value = PyDict_GetItemWithError(mapping, key);
+        if (value == NULL) {
+            if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, key);
+            goto fail;
+        }
+        dst[i] = PyLong_AsSsize_t(value);
+        if (dst[i] == -1 && PyErr_Occurred()) goto fail;
+    }
+    Py_DECREF(seq);
+    return out;
+fail:
+    Py_DECREF(seq);
+    Py_DECREF(out);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- results ---------- */
+
+static PyObject *s_trace, *s_est_wait_ms, *s_sent_s, *s_retries, *s_class_name, *s_run,
+    *s_index, *s_group, *s_complete;
+
+/* Add `by` to item i of a list of numbers (ints, or a float for i == 1 of a group's). */
+static int bump(PyObject *list, Py_ssize_t i, PyObject *by) {
+    PyObject *old = PyList_GET_ITEM(list, i), *sum = PyNumber_Add(old, by);
+    if (sum == NULL) return -1;
+    PyList_SET_ITEM(list, i, sum);
+    Py_DECREF(old);
+    return 0;
+}
+
+static PyObject *zeros(int floats_at_1) {
+    PyObject *list = floats_at_1 ? Py_BuildValue("[idi]", 0, 0.0, 0) : Py_BuildValue("[ii]", 0, 0);
+    return list;
+}
+
+/* settle(batch, now, server_id, ok, ok_label, outcome_type)
+ *     -> (post_queue, by_class, by_group) | None
+ *
+ * The twin of the loop of gateway.query_path.QueryPath._settle for a frame of results of
+ * server queueing in which every task ran (status ok) and none is traced or carries a wait
+ * estimate: each task's timings from its round trip, its TaskOutcome, its query told
+ * (run.complete), and the frame's post-queuing times, per-class [misses, tasks] and
+ * per-group [ended, service ms summed, ran]. None, before anything is done, for any other
+ * frame: the Python loop takes it. */
+static PyObject *settle(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    PyObject *batch, *server_id, *ok, *ok_label, *outcome_type, *post = NULL, *by_class = NULL,
+        *by_group = NULL, *now_obj;
+    Py_ssize_t n, i;
+    double now;
+    (void)self;
+    if (nargs != 6 || !PyList_CheckExact(args[0])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "settle(batch: list, now, server_id, ok, ok_label, outcome_type)");
+        return NULL;
+    }
+    batch = args[0];
+    now_obj = args[1];
+    now = PyFloat_AsDouble(now_obj);
+    if (now == -1.0 && PyErr_Occurred()) return NULL;
+    server_id = args[2];
+    ok = args[3];
+    ok_label = args[4];
+    outcome_type = args[5];
+    n = PyList_GET_SIZE(batch);
+    /* Pass 1: is every item one this loop takes? Nothing is changed yet. */
+    for (i = 0; i < n; i++) {
+        PyObject *item = PyList_GET_ITEM(batch, i), *p, *r, *v;
+        int plain;
+        if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 2) Py_RETURN_NONE;
+        p = PyTuple_GET_ITEM(item, 0);
+        r = PyTuple_GET_ITEM(item, 1);
+        if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) != 7 || PyTuple_GET_ITEM(r, 0) != ok ||
+            !PyFloat_CheckExact(PyTuple_GET_ITEM(r, 1)) ||
+            !PyFloat_CheckExact(PyTuple_GET_ITEM(r, 2)) ||
+            !PyFloat_CheckExact(PyTuple_GET_ITEM(r, 3)))
+            Py_RETURN_NONE;
+        v = PyObject_GetAttr(p, s_trace);
+        if (v == NULL) return NULL;
+        plain = v == Py_None;
+        Py_DECREF(v);
+        v = PyObject_GetAttr(p, s_est_wait_ms);
+        if (v == NULL) return NULL;
+        plain = plain && v == Py_None;
+        Py_DECREF(v);
+        if (!plain) Py_RETURN_NONE;
+    }
+    post = PyList_New(0);
+    by_class = PyDict_New();
+    by_group = PyDict_New();
+    if (post == NULL || by_class == NULL || by_group == NULL) goto fail;
+    for (i = 0; i < n; i++) {
+        PyObject *item = PyList_GET_ITEM(batch, i), *p = PyTuple_GET_ITEM(item, 0),
+                 *r = PyTuple_GET_ITEM(item, 1), *sent = NULL, *retries = NULL, *cls = NULL,
+                 *run = NULL, *index = NULL, *outcome = NULL, *queue_obj = NULL,
+                 *post_obj = NULL, *group = NULL, *counts, *ended, *done;
+        double sent_s, q, s, srv, net, post_ms, queue_ms;
+        int missed, failed = 1;
+        PyObject *call[12];
+        sent = PyObject_GetAttr(p, s_sent_s);
+        if (sent == NULL) goto item_done;
+        sent_s = PyFloat_AsDouble(sent);
+        if (sent_s == -1.0 && PyErr_Occurred()) goto item_done;
+        q = PyFloat_AS_DOUBLE(PyTuple_GET_ITEM(r, 1));
+        s = PyFloat_AS_DOUBLE(PyTuple_GET_ITEM(r, 2));
+        srv = PyFloat_AS_DOUBLE(PyTuple_GET_ITEM(r, 3));
+        missed = PyObject_IsTrue(PyTuple_GET_ITEM(r, 4));
+        if (missed < 0) goto item_done;
+        /* No shared clock: the round trip split into server time and network time, the
+         * server's post-dequeue part plus the return half charged (as _settle does). */
+        net = (now - sent_s) * 1000.0 - srv;
+        if (net < 0.0) net = 0.0;
+        post_ms = (srv - q) + net / 2.0;
+        queue_ms = q + net / 2.0;
+        queue_obj = PyFloat_FromDouble(queue_ms);
+        post_obj = PyFloat_FromDouble(post_ms);
+        retries = PyObject_GetAttr(p, s_retries);
+        if (queue_obj == NULL || post_obj == NULL || retries == NULL) goto item_done;
+        call[0] = NULL; /* PY_VECTORCALL_ARGUMENTS_OFFSET room */
+        call[1] = server_id;
+        call[2] = ok_label;
+        call[3] = queue_obj;
+        call[4] = PyTuple_GET_ITEM(r, 2);
+        call[5] = post_obj;
+        call[6] = PyTuple_GET_ITEM(r, 3);
+        call[7] = missed ? Py_True : Py_False;
+        call[8] = PyTuple_GET_ITEM(r, 5);
+        call[9] = PyTuple_GET_ITEM(r, 6);
+        call[10] = Py_None;
+        call[11] = retries;
+        outcome = PyObject_Vectorcall(outcome_type, call + 1,
+                                      11 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        if (outcome == NULL) goto item_done;
+        if (PyList_Append(post, post_obj) < 0) goto item_done;
+        cls = PyObject_GetAttr(p, s_class_name);
+        if (cls == NULL) goto item_done;
+        counts = PyDict_GetItemWithError(by_class, cls);
+        if (counts == NULL) {
+            if (PyErr_Occurred()) goto item_done;
+            counts = zeros(0);
+            if (counts == NULL || PyDict_SetItem(by_class, cls, counts) < 0) {
+                Py_XDECREF(counts);
+                goto item_done;
+            }
+            Py_DECREF(counts); /* the dict holds it */
+        }
+        if (bump(counts, 0, missed ? Py_True : Py_False) < 0) goto item_done;
+        if (bump(counts, 1, Py_True) < 0) goto item_done;
+        run = PyObject_GetAttr(p, s_run);
+        index = PyObject_GetAttr(p, s_index);
+        if (run == NULL || index == NULL) goto item_done;
+        {
+            PyObject *margs[4] = {run, index, outcome, now_obj};
+            done = PyObject_VectorcallMethod(s_complete, margs, 4, NULL);
+        }
+        if (done == NULL) goto item_done;
+        Py_DECREF(done);
+        group = PyObject_GetAttr(run, s_group);
+        if (group == NULL) goto item_done;
+        if (group != Py_None) {
+            ended = PyDict_GetItemWithError(by_group, group);
+            if (ended == NULL) {
+                if (PyErr_Occurred()) goto item_done;
+                ended = zeros(1);
+                if (ended == NULL || PyDict_SetItem(by_group, group, ended) < 0) {
+                    Py_XDECREF(ended);
+                    goto item_done;
+                }
+                Py_DECREF(ended);
+            }
+            if (bump(ended, 0, Py_True) < 0) goto item_done;
+            if (s >= 0.0 && s < Py_HUGE_VAL) {
+                if (bump(ended, 1, PyTuple_GET_ITEM(r, 2)) < 0) goto item_done;
+                if (bump(ended, 2, Py_True) < 0) goto item_done;
+            }
+        }
+        failed = 0;
+    item_done:
+        Py_XDECREF(sent);
+        Py_XDECREF(retries);
+        Py_XDECREF(cls);
+        Py_XDECREF(run);
+        Py_XDECREF(index);
+        Py_XDECREF(outcome);
+        Py_XDECREF(queue_obj);
+        Py_XDECREF(post_obj);
+        Py_XDECREF(group);
+        if (failed) goto fail;
+    }
+    return Py_BuildValue("(NNN)", post, by_class, by_group);
+fail:
+    Py_XDECREF(post);
+    Py_XDECREF(by_class);
+    Py_XDECREF(by_group);
+    return NULL;
+}
+
+static PyMethodDef methods[] = {
+    {"settle", (PyCFunction)(void (*)(void))settle, METH_FASTCALL,
+     "settle(batch, now, server_id, ok, ok_label, outcome_type) -> (post_queue, by_class, "
+     "by_group), or None for a frame the Python loop takes"},
+    {"slots_of", (PyCFunction)(void (*)(void))slots_of, METH_FASTCALL,
+     "slots_of(mapping, ids) -> bytes of native Py_ssize_t: mapping[id] for each id"},
+    {"encode_tasks", (PyCFunction)(void (*)(void))encode_tasks, METH_FASTCALL,
+     "encode_tasks(items, max_batch_bytes) -> framed submit/submit_batch messages"},
+    {"decode_results", (PyCFunction)(void (*)(void))decode_results, METH_FASTCALL,
+     "decode_results(frame, max_string, max_items, max_depth, max_duration_ms, report_type, "
+     "statuses) -> list of result tuples, or None for a frame left to the general decoder"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_hotpath", "Task and result frames of the gateway (C).", -1,
+    methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__hotpath(void) {
+#define INTERN(var, text)                                                                   \
+    if ((var = PyUnicode_InternFromString(text)) == NULL) return NULL;
+    INTERN(s_trace, "trace")
+    INTERN(s_est_wait_ms, "est_wait_ms")
+    INTERN(s_sent_s, "sent_s")
+    INTERN(s_retries, "retries")
+    INTERN(s_class_name, "class_name")
+    INTERN(s_run, "run")
+    INTERN(s_index, "index")
+    INTERN(s_group, "group")
+    INTERN(s_complete, "complete")
+#undef INTERN
+    return PyModule_Create(&module);
+}

@@ -1,0 +1,249 @@
+"""Task frames out and result frames in (gateway.hotpath): the C and Python twins agree with
+each other and with thriftpy2, and a frame the fast decoder does not take is left whole."""
+
+from __future__ import annotations
+
+import math
+import random
+import struct
+from typing import Any
+
+import pytest
+
+from gateway import hotpath
+from gateway.hotpath import STATUSES, ResultFrames, encode_tasks, encode_tasks_py
+from gateway.links import TaskReport
+from taskserver.framecheck import WireLimits
+from taskserver.wire import (
+    MAX_BATCH_BYTES,
+    Batcher,
+    decode_message,
+    encode_message,
+    gateway_body_types,
+    server_body_types,
+    thrift,
+)
+
+LIMITS = WireLimits()
+IMPLEMENTATIONS = ["python", "c"] if hotpath.IMPLEMENTATION == "c" else ["python"]
+
+
+def _task_item(rng: random.Random, i: int) -> tuple[Any, ...]:
+    payload = rng.choice(
+        [None, b"", b'{"service_ms": 1}', bytes(rng.randrange(256) for _ in range(40))]
+    )
+    return (
+        rng.choice([f"gw-1-{i}", f"q-é✓-{i}", ""]),
+        rng.randrange(-(2**31), 2**31),
+        rng.choice([0.0, -3.5, 12.25, 1e300, math.inf, rng.uniform(-1e4, 1e4)]),
+        rng.uniform(-1e4, 1e4),
+        rng.randrange(-(2**31), 2**31),
+        rng.choice([None, "A", "classé"]),
+        payload,
+        rng.choice([None, "00-" + "a" * 32 + "-" + "b" * 16 + "-01"]),
+        rng.choice([None, "", "k=v"]),
+    )
+
+
+@pytest.mark.parametrize("n", [1, 2, 10, 300])
+def test_task_frames_are_byte_for_byte_those_of_thriftpy2(n: int) -> None:
+    rng = random.Random(n)
+    t = thrift()
+    for _ in range(20):
+        items = [_task_item(rng, i) for i in range(n)]
+        expected = Batcher.submit().encode([t.Task(*item) for item in items])
+        assert encode_tasks(items) == expected
+        assert encode_tasks_py(items) == expected
+
+
+def test_big_batches_are_cut_into_frames_as_the_batcher_cuts_them() -> None:
+    blob = b"x" * (MAX_BATCH_BYTES // 3)
+    items = [(f"q{i}", i, 1.0, 2.0, 0, "A", blob, None, None) for i in range(7)]
+    t = thrift()
+    expected = Batcher.submit().encode([t.Task(*item) for item in items])
+    out = encode_tasks(items)
+    assert out == expected
+    frames = 0
+    pos = 0
+    while pos < len(out):
+        (size,) = struct.unpack_from("!i", out, pos)
+        name, _, _, body = decode_message(out[pos + 4 : pos + 4 + size], server_body_types())
+        assert (body.task if name == "submit" else body.tasks[0]) is not None
+        frames += 1
+        pos += 4 + size
+    assert frames > 1
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ("q", 2**31, 1.0, 2.0, 0, None, None, None, None),  # task_index beyond i32
+        ("q", 1, "soon", 2.0, 0, None, None, None, None),  # a budget that is not a number
+        ("q", 1, 1.0, 2.0, 0, None, "text", None, None),  # a payload that is not bytes
+    ],
+)
+def test_a_task_the_c_writer_does_not_take_gets_thriftpy2s_verdict(bad: tuple[Any, ...]) -> None:
+    t = thrift()
+    try:
+        expected: bytes | type[Exception] = Batcher.submit().encode([t.Task(*bad)])
+    except Exception as exc:
+        expected = type(exc)
+    if isinstance(expected, bytes):
+        assert encode_tasks([bad]) == expected
+    else:
+        with pytest.raises(expected):
+            encode_tasks([bad])
+
+
+def _results(rng: random.Random, n: int) -> list[Any]:
+    t = thrift()
+    out = []
+    for i in range(n):
+        out.append(
+            t.TaskResult(
+                rng.choice([f"gw-1-{i}", f"ré-{i}"]),
+                rng.randrange(-5, 2**31),
+                rng.randrange(len(STATUSES)),
+                rng.uniform(0, 50),
+                rng.choice([0.0, rng.uniform(0, 1e9)]),
+                rng.uniform(0, 1e3),
+                rng.random() < 0.5,
+                rng.choice([None, b"", b'{"ok": 1}']),
+                rng.choice([None, "", "boom ✗"]),
+            )
+        )
+    return out
+
+
+def _general(frame: bytes) -> list[tuple[str, int, TaskReport]]:
+    """The frame's results the general way (thriftpy2), as the fast decoder gives them."""
+    name, _, _, body = decode_message(frame, gateway_body_types(), LIMITS)
+    results = [body.result] if name == "result" else body.results
+    return [
+        (r.query_id, r.task_index, TaskReport(STATUSES[r.status], r.queue_ms, r.service_ms,
+                                              r.server_ms, r.missed_deadline, r.result, r.error))
+        for r in results
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+@pytest.mark.parametrize("n", [0, 1, 2, 64])
+def test_result_frames_decode_as_thriftpy2_reads_them(impl: str, n: int) -> None:
+    rng = random.Random(n)
+    frames = ResultFrames(LIMITS, TaskReport, implementation=impl)  # type: ignore[arg-type]
+    for _ in range(10):
+        frame = Batcher.result().encode(_results(rng, n))[4:] if n else _empty_batch()
+        got = frames.decode(frame)
+        assert got == _general(frame)
+        assert all(type(report) is TaskReport for _, _, report in got or [])
+        assert all(type(report.status) is type(STATUSES[0]) for _, _, report in got or [])
+
+
+def _empty_batch() -> bytes:
+    body = thrift().TaskSink.result_batch_args(results=[])
+    return encode_message("result_batch", 4, 0, body)[4:]
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_frames_with_anything_unusual_are_left_to_the_general_decoder(impl: str) -> None:
+    t = thrift()
+    frames = ResultFrames(LIMITS, TaskReport, implementation=impl)  # type: ignore[arg-type]
+
+    def one(**kw: Any) -> bytes:
+        fields = dict(query_id="q", task_index=0, status=0, queue_ms=1.0, service_ms=1.0,
+                      server_ms=2.0, missed_deadline=False)  # fmt: skip
+        fields.update(kw)
+        return Batcher.result().encode([t.TaskResult(**fields)])[4:]
+
+    assert frames.decode(one()) is not None
+    for bad in (
+        one(queue_ms=-1.0),
+        one(server_ms=math.nan),
+        one(service_ms=2e9),
+        one(status=7),
+        one(query_id=None),  # a required field missing
+        one(error=b"\xff"),  # thriftpy2 reads a string that is not UTF-8 as bytes
+        encode_message("status", 2, 3, t.TaskServer.status_result())[4:],  # a reply
+        encode_message("ping", 4, 0, t.TaskServer.ping_args(token="x"))[4:],
+    ):
+        assert frames.decode(bad) is None
+    # A bound of taskserver.framecheck passed: the general decoder refuses the frame.
+    big = Batcher.result().encode(_results(random.Random(1), 5))[4:]
+    assert ResultFrames(WireLimits(max_container_items=4), TaskReport).decode(big) is None
+    assert ResultFrames(WireLimits(max_depth=2), TaskReport).decode(big) is None
+
+
+def _mutants(rng: random.Random, seeds: list[bytes], n: int) -> list[bytes]:
+    out = []
+    for _ in range(n):
+        b = bytearray(rng.choice(seeds))
+        kind = rng.random()
+        if kind < 0.5:
+            for _ in range(rng.randint(1, 3)):
+                b[rng.randrange(len(b))] = rng.randrange(256)
+        elif kind < 0.75:
+            del b[rng.randrange(len(b)) :]
+        else:
+            pos = rng.randrange(len(b))
+            b[pos:pos] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 6)))
+        out.append(bytes(b))
+    return out
+
+
+def test_fuzzed_frames_get_the_same_answer_from_both_decoders_or_none_from_c() -> None:
+    # C takes a subset of what the Python twin takes (a field twice or unknown is left to
+    # the general decoder), and where both take a frame they read it the same way.
+    rng = random.Random(7)
+    seeds = [Batcher.result().encode(_results(rng, n))[4:] for n in (1, 2, 3, 10)]
+    py = ResultFrames(LIMITS, TaskReport, implementation="python")
+    c = ResultFrames(LIMITS, TaskReport) if hotpath.IMPLEMENTATION == "c" else py
+    taken = 0
+    for frame in _mutants(rng, seeds, 3000):
+        got = c.decode(frame)
+        if got is not None:
+            taken += 1
+            assert got == py.decode(frame)
+            # never a result the general way would not read just so
+            assert got == _general(frame)
+    assert taken > 100  # the mutations leave many frames whole (a duration, an index, ...)
+
+
+def test_the_c_encoder_and_decoder_are_built_here() -> None:
+    # The test command installs the package, which compiles them.
+    assert hotpath.IMPLEMENTATION == "c"
+
+
+@pytest.mark.skipif(hotpath.IMPLEMENTATION != "c", reason="gateway._hotpath is not built")
+def test_slots_of_maps_ids_as_the_dict_does() -> None:
+    import numpy as np
+
+    from gateway._hotpath import slots_of
+
+    rng = random.Random(3)
+    mapping = {f"srv-{i}": rng.randrange(10_000) for i in range(500)}
+    ids = [rng.choice(list(mapping)) for _ in range(2000)]
+    got = np.frombuffer(slots_of(mapping, ids), dtype=np.intp)
+    assert got.tolist() == [mapping[i] for i in ids]
+    assert slots_of(mapping, ()) == b""
+    with pytest.raises(KeyError, match="nope"):
+        slots_of(mapping, [*ids[:5], "nope"])
+
+
+def test_the_cdf_book_solves_the_same_with_and_without_the_c_lookup(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import numpy as np
+
+    from gateway import cdf
+
+    rng = np.random.default_rng(5)
+    book = cdf.CdfBook(window_size=512)
+    for i in range(200):
+        book.add_server(f"s{i}", rng.lognormal(rng.uniform(-1, 1), 0.5, 512))
+    picks = [[f"s{j}" for j in rng.choice(200, k)] for k in (20, 100, 400) for _ in range(5)]
+    with_c = [book.solve(p, 99.0) for p in picks]
+    for lookup in (cdf._slots_of, None):
+        monkeypatch.setattr(cdf, "_slots_of", lookup)
+        assert [book.solve(p, 99.0) for p in picks] == with_c
+        with pytest.raises(KeyError, match="unknown server id 'x'"):
+            book.solve(["s1"] * 30 + ["x"], 99.0)
