@@ -27,6 +27,7 @@ from numpy.typing import ArrayLike
 from admission.waiting import ServiceMoments
 from gateway.table_cdf import ConditionalTail, TableCdf
 from gateway.tail import GpdTail, fit_pot
+from taskserver.native import require_native
 
 Estimate = Literal["empirical", "tail-model"]
 Tail = GpdTail | ConditionalTail
@@ -51,6 +52,7 @@ _C_ROWS_MIN = 16
 """_rows_of: from this many ids on, the C lookup (when built) beats itemgetter."""
 
 try:
+    require_native()  # TAILGATE_PURE_PYTHON=1: the Python twin
     from gateway._hotpath import slots_of as _slots_of
 except ImportError:  # built at install when a C compiler is there; itemgetter otherwise
     _slots_of = None

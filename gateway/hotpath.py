@@ -33,6 +33,7 @@ from typing import Any, Literal
 
 from taskserver.framecheck import WireLimits, check_frame
 from taskserver.messages import MAX_DURATION_MS
+from taskserver.native import require_native
 from taskserver.wire import (
     MAX_BATCH_BYTES,
     ONEWAY,
@@ -133,6 +134,7 @@ def _results_py(
 
 
 try:
+    require_native()  # TAILGATE_PURE_PYTHON=1: the Python twin
     from gateway._hotpath import decode_results as _c_decode
     from gateway._hotpath import encode_tasks as _c_encode
 except ImportError:  # built at install when a C compiler is there; the Python above otherwise

@@ -65,9 +65,11 @@ from gateway.tenants import SHARE_REASON, Tenants
 from gateway.tracing import Caller, GatewayTracer, QuerySpan
 from gateway.waits import NewTask, largest_mean_ms, link_wait
 from taskserver.abc import InvalidTask
+from taskserver.native import require_native
 from taskserver.wire import TaskStatus
 
 try:
+    require_native()  # TAILGATE_PURE_PYTHON=1: the Python twin
     from gateway._hotpath import settle as _c_settle
 except ImportError:  # built at install when a C compiler is there; _settle's loop otherwise
     _c_settle = None

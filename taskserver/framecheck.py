@@ -34,6 +34,8 @@ import struct
 from dataclasses import dataclass
 from typing import Literal
 
+from taskserver.native import require_native
+
 __all__ = [
     "DEFAULT_MAX_FRAME_BYTES",
     "IMPLEMENTATION",
@@ -249,6 +251,7 @@ def check_frame_py(
 
 
 try:
+    require_native()  # TAILGATE_PURE_PYTHON=1: the Python twin
     from taskserver._framecheck import check as _c_check
 except ImportError:  # built at install when a C compiler is there; the walk above otherwise
     _c_check = None
