@@ -371,6 +371,7 @@ static PyObject *get_result(Reader *r, double max_duration, PyObject *report_typ
     for (i = 0; i < 3; i++) {
         if (!(d[i] >= 0.0 && d[i] <= max_duration)) return NULL; /* NaN fails too */
     }
+    if (d[0] > d[2]) return NULL; /* queue wait above the server's whole time: result_problem */
     fields[0] = PyUnicode_DecodeUTF8(qid, qid_n, NULL);
     if (fields[0] == NULL) {
         PyErr_Clear(); /* not UTF-8: thriftpy2 gives bytes, the general path handles it */

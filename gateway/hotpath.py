@@ -15,9 +15,10 @@ What, exactly:
 - `ResultFrames.decode` takes a framed oneway ``result`` or ``result_batch`` message whole, or
   not at all: a frame that is anything else or holds anything unusual (another message, a
   field it does not know or twice, a string that is not UTF-8, a status that is not a
-  TaskStatus, a duration outside 0..MAX_DURATION_MS, a bound of taskserver.framecheck passed)
-  gives None, and the link decodes it the general way (framecheck, thriftpy2, then
-  taskserver.messages.result_problem), which keeps every verdict on bad frames as it was.
+  TaskStatus, a duration outside 0..MAX_DURATION_MS, a queue wait above the server time, a
+  bound of taskserver.framecheck passed) gives None, and the link decodes it the general
+  way (framecheck, thriftpy2, then taskserver.messages.result_problem), which keeps every
+  verdict on bad frames as it was.
   What it does take, it takes as the general way would read it.
 
 This module is the reference: the same functions in Python over thriftpy2, used when the
@@ -122,6 +123,7 @@ def _results_py(
             and type(r.status) is int
             and 0 <= r.status < len(statuses)
             and all(type(d) is float and 0.0 <= d <= max_duration_ms for d in durations)
+            and r.queue_ms <= r.server_ms  # else result_problem's verdict
             and type(r.missed_deadline) is bool
             and (r.result is None or type(r.result) is bytes)
             and (r.error is None or type(r.error) is str)

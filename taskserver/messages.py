@@ -89,6 +89,12 @@ def result_problem(r: Any) -> str | None:
             f"queue_ms, service_ms, server_ms: must be finite durations in 0..{MAX_DURATION_MS:g}"
             f", got {_show(r.queue_ms)}, {_show(r.service_ms)}, {_show(r.server_ms)}"
         )
+    if r.queue_ms > r.server_ms:
+        # server_ms runs from receipt to result, so it holds the queue wait: a server that says
+        # otherwise would give a negative post-queuing time, which no CDF can take.
+        return (
+            f"queue_ms: must not exceed server_ms, got {_show(r.queue_ms)} > {_show(r.server_ms)}"
+        )
     if type(r.status) is not int:
         return f"status: must be a TaskStatus, got {_show(r.status)}"
     if r.error is not None and type(r.error) is not str:

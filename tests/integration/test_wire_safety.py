@@ -242,11 +242,17 @@ def _nan_result(task: Any) -> bytes:
     return Batcher.result().encode([r])
 
 
+def _queue_over_server_result(task: Any) -> bytes:
+    r = thrift().TaskResult(task.query_id, task.task_index, 0, 50.0, 1.0, 10.0, False)
+    return Batcher.result().encode([r])
+
+
 @pytest.mark.parametrize(
     ("reply", "words"),
     [
         (_result_list_of_2_31, "lost"),
         (_nan_result, "sent a bad result: queue_ms, service_ms, server_ms"),
+        (_queue_over_server_result, "sent a bad result: queue_ms: must not exceed server_ms"),
     ],
 )
 async def test_a_hostile_server_cannot_hurt_the_gateway(

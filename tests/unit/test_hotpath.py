@@ -107,7 +107,7 @@ def _results(rng: random.Random, n: int) -> list[Any]:
                 rng.randrange(len(STATUSES)),
                 rng.uniform(0, 50),
                 rng.choice([0.0, rng.uniform(0, 1e9)]),
-                rng.uniform(0, 1e3),
+                rng.uniform(50, 1e3),  # server time holds the queue wait
                 rng.random() < 0.5,
                 rng.choice([None, b"", b'{"ok": 1}']),
                 rng.choice([None, "", "boom ✗"]),
@@ -159,6 +159,7 @@ def test_frames_with_anything_unusual_are_left_to_the_general_decoder(impl: str)
     assert frames.decode(one()) is not None
     for bad in (
         one(queue_ms=-1.0),
+        one(queue_ms=3.0),  # a queue wait above the server's whole time (2.0)
         one(server_ms=math.nan),
         one(service_ms=2e9),
         one(status=7),

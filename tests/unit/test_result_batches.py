@@ -142,7 +142,18 @@ async def test_a_frame_of_results_is_recorded_as_the_same_results_one_by_one() -
     assert group.service_ms_sum == pytest.approx(other.service_ms_sum) == pytest.approx(36.0)
 
 
-async def test_a_bad_result_in_a_frame_fails_its_task_and_the_others_arrive_together() -> None:
+@pytest.mark.parametrize(
+    ("bad_fields", "words"),
+    [
+        ({"server_ms": math.nan}, "queue_ms, service_ms, server_ms: must be finite"),
+        # A queue wait longer than the server's whole time: a negative post-queuing time,
+        # which once raised inside the CDF book and closed the link with all its tasks.
+        ({"queue_ms": 50.0, "server_ms": 10.0}, "queue_ms: must not exceed server_ms"),
+    ],
+)
+async def test_a_bad_result_in_a_frame_fails_its_task_and_the_others_arrive_together(
+    bad_fields: dict[str, float], words: str
+) -> None:
     svc, _, links = await _service(1)
     (link,) = links
     delivered: list[list[tuple[PendingTask, TaskReport]]] = []
@@ -154,12 +165,12 @@ async def test_a_bad_result_in_a_frame_fails_its_task_and_the_others_arrive_toge
     for _ in range(3):
         await asyncio.sleep(0)
     tasks = sorted(link.outstanding.values(), key=lambda p: p.run.query_id)
-    bad = result_of(tasks[1], server_ms=math.nan)
+    bad = result_of(tasks[1], **bad_fields)
     link.frame([result_of(tasks[0]), bad, result_of(tasks[2], status=TaskStatus.DROPPED)])
     assert [[p for p, _ in batch] for batch in delivered] == [[tasks[0], tasks[2]]]
     assert [r.status for _, r in delivered[0]] == [TaskStatus.OK, TaskStatus.DROPPED]
     assert [(p, status) for p, status, _ in failed] == [(tasks[1], "failed")]
-    assert "sent a bad result" in failed[0][2]
+    assert "sent a bad result" in failed[0][2] and words in failed[0][2]
     assert link.outstanding == {} and link.results == 2
     for run in runs:
         run.cancel()
