@@ -65,14 +65,7 @@ from gateway.tenants import SHARE_REASON, Tenants
 from gateway.tracing import Caller, GatewayTracer, QuerySpan
 from gateway.waits import NewTask, largest_mean_ms, link_wait
 from taskserver.abc import InvalidTask
-from taskserver.native import require_native
 from taskserver.wire import TaskStatus
-
-try:
-    require_native()  # TAILGATE_PURE_PYTHON=1: the Python twin
-    from gateway._hotpath import settle as _c_settle
-except ImportError:  # built at install when a C compiler is there; _settle's loop otherwise
-    _c_settle = None
 
 _LABEL = [TaskStatus(i).label for i in range(len(TaskStatus))]
 """TaskStatus -> the API's status name, by index (an IntEnum indexes a list in C)."""
@@ -787,16 +780,7 @@ class QueryPath:
         central = link.central
         server_id, pool = link.server_id, link.pool
         metrics, groups = self.metrics, self.groups
-        settled = None
-        if _c_settle is not None and not central and not self.tenants.gates:
-            # gateway/_hotpath.c: the loop of _settle in C for a frame whose tasks all ran
-            # untraced (None for any other frame, which _settle takes).
-            settled = _c_settle(batch, now, server_id, _OK, OK, TaskOutcome)
-        if settled is None:
-            statuses, post_queue, by_class, by_group = self._settle(link, batch, now)
-        else:
-            post_queue, by_class, by_group = settled
-            statuses = {OK: len(batch)}
+        statuses, post_queue, by_class, by_group = self._settle(link, batch, now)
         for status, n in statuses.items():
             metrics.tasks_done(pool, status, n)
         if post_queue:
@@ -825,8 +809,7 @@ class QueryPath:
         dict[tuple[str, str, int], list[float]],
     ]:
         """Each task's outcome into its query; the frame's counts by status, post-queuing
-        times, [misses, tasks] by class and [ended, service ms summed, ran] by request group
-        (the reference of gateway/_hotpath.c's settle)."""
+        times, [misses, tasks] by class and [ended, service ms summed, ran] by request group"""
         central = link.central
         server_id, pool = link.server_id, link.pool
         metrics, tenants = self.metrics, self.tenants

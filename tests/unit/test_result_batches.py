@@ -15,12 +15,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gateway import query_path
 from gateway.cdf import CdfBook
 from gateway.config import GatewayConfig
 from gateway.hotpath import TaskFrames
 from gateway.links import ServerLink, TaskReport
-from gateway.queries import PendingTask, QueryOutcome, TaskOutcome
+from gateway.queries import PendingTask, QueryOutcome
 from gateway.requests import QueryRequest, RegisterRequest, Targets
 from gateway.service import GatewayService
 from gateway.table_cdf import prior_of
@@ -243,47 +242,3 @@ def test_rows_of_one_model_prior_share_its_window_until_their_first_sample() -> 
     assert rows[0].window is not rows[1].window and rows[1].window is not rows[2].window
     assert np.array_equal(rows[0].window, seeded)  # the others' samples did not leak into it
     assert rows[1].window[rows[1].pos - 1] == 7.0 and book.samples_seen("s0") == 0
-
-
-@pytest.mark.skipif(query_path._c_settle is None, reason="gateway._hotpath is not built")
-async def test_the_c_loop_records_a_frame_as_the_python_loop_does(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    def state(svc: GatewayService, answers: list[Any]) -> Any:
-        m = svc.metrics
-        (group,) = svc.query.groups.groups.values()
-        rows = [svc.book._row_of(s) for s in ("s0", "s1")]
-        tasks = [[(o.status, o.queue_ms, o.post_queue_ms, o.missed_deadline, o.result)
-                  for o in a.outcomes] for a in answers]  # fmt: skip
-        return (
-            [a.outcome for a in answers], tasks, m.task_counts, m.miss_counts,
-            m.server_windows.counts, svc.gate.window.snapshot(0.0),
-            (group.tasks_outstanding, group.service_samples, group.service_ms_sum),
-            [(r.seen, r.pos, r.window.tolist()) for r in rows],
-        )  # fmt: skip
-
-    c_svc, c_answers, _ = await _run_queries(12, per_frame=True)
-    monkeypatch.setattr(query_path, "_c_settle", None)
-    py_svc, py_answers, _ = await _run_queries(12, per_frame=True)
-    assert state(c_svc, c_answers) == state(py_svc, py_answers)
-
-
-async def test_the_c_loop_leaves_a_frame_with_a_task_that_did_not_run_to_python() -> None:
-    if query_path._c_settle is None:
-        pytest.skip("gateway._hotpath is not built")
-    svc, _, (link,) = await _service(1)
-    req = QueryRequest("B", 99.0, 300.0, 1, Targets(pool="default", fanout=1), b"{}")
-    runs = [asyncio.create_task(svc.run_query(req)) for _ in range(2)]
-    for _ in range(3):
-        await asyncio.sleep(0)
-    tasks = sorted(link.outstanding.values(), key=lambda p: p.run.query_id)
-    ok = TaskReport(TaskStatus.OK, 0.5, 1.5, 2.0, False, b"{}", None)
-    failed = TaskReport(TaskStatus.FAILED, 0.5, 1.5, 2.0, False, None, "boom")
-    batch = [(tasks[0], ok), (tasks[1], failed)]
-    assert query_path._c_settle(batch, 50.0, "s0", TaskStatus.OK, "ok", TaskOutcome) is None
-    assert tasks[0].run.outcomes == [None]  # nothing was done to either task
-    assert query_path._c_settle(batch[:1], 50.0, "s0", TaskStatus.OK, "ok", TaskOutcome)
-    assert tasks[0].run.outcomes[0].status == "ok"
-    for run in runs:
-        run.cancel()
-    await asyncio.gather(*runs, return_exceptions=True)
