@@ -15,6 +15,7 @@ query, whatever the fanout, and no per-server Python work beyond one dict lookup
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -46,8 +47,6 @@ COARSE_CELLS = 128
 FINE_STEPS = 32
 """Fine steps per coarse cell: a second gemv over rows x (steps + 1) pins the answer; the
 fine spacing (~0.4% for a 15-e-fold span) bounds the error at the kinks of empirical CDFs."""
-_VECTOR_MIN = 8
-"""observe_many: from this many values on, one numpy write beats a Python loop."""
 _C_ROWS_MIN = 16
 """_rows_of: from this many ids on, the C lookup (when built) beats itemgetter."""
 
@@ -77,6 +76,43 @@ def _log1mexp(log_s: np.ndarray) -> np.ndarray:
         return np.where(log_s < -math.log(2.0), np.log1p(-np.exp(log_s)), np.log(-np.expm1(log_s)))
 
 
+def _log1mexp_falling(log_s: np.ndarray) -> np.ndarray:
+    """`_log1mexp` of a non-increasing array (log P(X > x) on an ascending grid): the two
+    branches split at one index, so each element is computed once, by its own branch."""
+    split = int(np.searchsorted(-log_s, _LOG2, side="right"))
+    out = np.empty_like(log_s)
+    with np.errstate(divide="ignore"):
+        np.log(-np.expm1(log_s[:split]), out=out[:split])
+        np.log1p(-np.exp(log_s[split:]), out=out[split:])
+    return out
+
+
+_LOG2 = math.log(2.0)
+
+
+@dataclass(frozen=True, slots=True)
+class _Levels:
+    """What LatencyCdf.from_samples derives from n alone when n samples have no ties."""
+
+    survival: np.ndarray
+    """Hazen survival levels (n - i + 0.5) / n, i = 1..n."""
+    neg_log_sf: np.ndarray
+    """-log of them."""
+    arc: np.ndarray
+    """Per gap between samples, the mean's weight: (S_i - S_i+1) / (-log S_i+1 + log S_i)."""
+
+
+@functools.lru_cache(maxsize=8)
+def _levels(n: int) -> _Levels:
+    """The levels of n samples without ties (cached: a window has one size)."""
+    survival = (n - 0.5 - np.arange(n, dtype=np.float64)) / n
+    neg_log_sf = -np.log(survival)
+    arc = (survival[:-1] - survival[1:]) / np.diff(neg_log_sf)
+    for a in (survival, neg_log_sf, arc):
+        a.setflags(write=False)
+    return _Levels(survival, neg_log_sf, arc)
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class LatencyCdf:
     """Immutable CDF snapshot of post-queuing times: empirical body + POT tail."""
@@ -97,14 +133,22 @@ class LatencyCdf:
 
     @classmethod
     def from_samples(
-        cls, samples_ms: ArrayLike, tail_fraction: float = 0.05, model: TableCdf | None = None
+        cls,
+        samples_ms: ArrayLike,
+        tail_fraction: float = 0.05,
+        model: TableCdf | None = None,
+        *,
+        presorted: bool = False,
     ) -> LatencyCdf:
-        """Build a snapshot from post-queuing times in milliseconds (any order).
+        """Build a snapshot from post-queuing times in milliseconds (any order; with
+        `presorted`, the caller promises ascending order and the sort is skipped).
 
         With `model` (the prior the window started from, while it still holds some of it),
         beyond the largest sample the model's shape carries on instead of a fitted GPD.
         """
-        x = np.sort(np.asarray(samples_ms, dtype=np.float64).ravel())
+        x = np.asarray(samples_ms, dtype=np.float64).ravel()
+        if not presorted:
+            x = np.sort(x)
         n = x.size
         if n == 0:
             raise ValueError("samples_ms: need at least one sample, got none")
@@ -112,16 +156,27 @@ class LatencyCdf:
             raise ValueError("samples_ms: all samples must be finite")
         if x[0] < 0:
             raise ValueError(f"samples_ms: latencies must be >= 0, got {x[0]}")
-        # Runs of equal values (np.unique would sort the sorted samples again).
-        starts = np.flatnonzero(np.concatenate(([True], x[1:] != x[:-1])))
-        knots = x[starts]
-        counts = np.diff(np.append(starts, n))
-        # Hazen positions F = (i - 0.5)/n, a run of ties at the middle of its jump (this is
-        # also how Tailbench's simulator reads its quantile tables: value i at bin i's centre).
-        survival = (n - np.cumsum(counts) + 0.5 * counts) / n
-        # Between samples, log P(X > x) is interpolated linearly in x: the same as a linear F
-        # in the bulk, and exact for exponential tails where the top samples are far apart.
-        neg_log_sf = -np.log(survival)
+        tied = x[1:] == x[:-1]
+        if n > 1 and not tied.any():
+            # No ties (times from a clock): the knots are the samples themselves (no copy:
+            # the CdfBook keeps its rows' sorted windows, read only, and the snapshot shares
+            # them), and the levels below depend on n alone (_Levels, cached).
+            knots = x
+            levels = _levels(n)
+            survival, neg_log_sf = levels.survival, levels.neg_log_sf
+        else:
+            # Runs of equal values (np.unique would sort the sorted samples again).
+            starts = np.flatnonzero(np.concatenate(([True], ~tied)))
+            knots = x[starts]
+            counts = np.diff(np.append(starts, n))
+            # Hazen positions F = (i - 0.5)/n, a run of ties at the middle of its jump (also
+            # how Tailbench's simulator reads its quantile tables: value i at bin i's centre).
+            survival = (n - np.cumsum(counts) + 0.5 * counts) / n
+            # Between samples, log P(X > x) is interpolated linearly in x: the same as a
+            # linear F in the bulk, and exact for exponential tails where the top samples
+            # are far apart.
+            neg_log_sf = -np.log(survival)
+            levels = None
         top = float(knots[-1])
         top_survival = float(survival[-1])
         tail: Tail | None = None
@@ -137,14 +192,17 @@ class LatencyCdf:
         # Mean = integral of the survival: 1 up to the smallest sample, exponential arcs
         # between samples, and the tail (or nothing, when F jumps to 1 at the largest sample).
         mean = float(knots[0])
-        if knots.size > 1:
+        if levels is not None:
+            mean += float(np.dot(np.diff(knots), levels.arc))
+        elif knots.size > 1:
             width = np.diff(knots)
             drop = np.diff(neg_log_sf)
             mean += float(np.dot(width, (survival[:-1] - survival[1:]) / drop))
         if tail is not None:
             mean += top_survival * tail.mean_excess_ms()
         knots.setflags(write=False)
-        neg_log_sf.setflags(write=False)
+        if levels is None:
+            neg_log_sf.setflags(write=False)
         return cls(
             n=n,
             threshold_ms=top if tail is not None else math.inf,
@@ -165,6 +223,17 @@ class LatencyCdf:
             if beyond.any():
                 out[beyond] = self.tail.log_survival(np.atleast_1d(x)[beyond])
         return out.reshape(x.shape)
+
+    def log_survival_ascending(self, x_ms: np.ndarray) -> np.ndarray:
+        """`log_survival` of an ascending 1-d array (a grid): the tail's part is a suffix."""
+        cut = int(np.searchsorted(x_ms, self.threshold_ms, side="right"))
+        out = np.empty(x_ms.size)
+        body = np.interp(x_ms[:cut], self._knots_ms, self._neg_log_sf, left=0.0, right=np.inf)
+        np.negative(body, out=out[:cut])
+        if cut < x_ms.size:
+            # threshold_ms is finite only with a tail; without one, -inf past the body.
+            out[cut:] = self.tail.log_survival(x_ms[cut:]) if self.tail is not None else -np.inf
+        return out
 
     def cdf(self, x_ms: ArrayLike) -> np.ndarray:
         """F(x): vectorized, monotone, in [0, 1]."""
@@ -234,6 +303,7 @@ class _Row:
         "filled",
         "fresh",
         "fresh_pos",
+        "gone",
         "group",
         "members",
         "model",
@@ -244,6 +314,8 @@ class _Row:
         "seen",
         "shared",
         "slot",
+        "sorted",
+        "stored",
     )
 
     def __init__(
@@ -256,12 +328,16 @@ class _Row:
     ) -> None:
         self._window = window
         self.filled = filled
+        """Samples in the window, those still in `fresh` included."""
+        self.stored = filled
+        """Samples written into the window array (`fresh` not included)."""
         self.pos = filled % window.size
         self.slot = -1
         """The slot of its snapshot in the book's matrices (shared with rows of the same
         snapshot)."""
         self.fresh: list[float] = []
-        """Online samples not yet written into a window of its own (while `shared`)."""
+        """Online samples not yet written into the window: they are written at the next
+        refresh (or read of the window), all at once."""
         self.fresh_pos = 0
         """The window position of fresh[0]."""
         self.seen = 0
@@ -275,6 +351,11 @@ class _Row:
         """Prior samples the window started with."""
         self.moments: ServiceMoments | None = None
         """Raw moments of the window, computed on first use after each refresh."""
+        self.sorted: np.ndarray | None = None
+        """The window's samples in ascending order as of the last refresh (read only), or
+        None: the next refresh sorts the window in full."""
+        self.gone: list[np.ndarray] = []
+        """Samples the window lost since the last refresh (while `sorted` is kept)."""
         self.shared = not window.flags.writeable
         """The window is the prior's, shared with other rows (read only) until the row's
         samples are needed in a window (its first refresh, or its moments): a server that
@@ -288,42 +369,107 @@ class _Row:
         return self._window
 
     def own_window(self) -> np.ndarray:
-        """The window, made this row's own (with its fresh samples written in)."""
+        """The window, made this row's own, with its fresh samples written in (the
+        samples they overwrite kept in `gone` for the incremental re-sort)."""
         if self.shared:
             self._window = self._window.copy()
             self.shared = False
         if self.fresh:
             fresh, self.fresh = self.fresh, []
-            _write_ring(self._window, self.fresh_pos, np.asarray(fresh, dtype=np.float64))
+            window = self._window
+            size = window.size
+            k = len(fresh)
+            if self.sorted is not None:
+                if 2 * k > size:
+                    self.sorted = None  # most of the window changes: sort it in full
+                    self.gone = []
+                else:
+                    # The positions written that held a sample: all of them once the window
+                    # was full; before (the fresh ones start at `stored`), only a wrap.
+                    start, count = self.fresh_pos, k
+                    if self.stored < size:
+                        start, count = 0, self.fresh_pos + k - size
+                    if count > 0:
+                        first = min(count, size - start)
+                        self.gone.append(window[start : start + first].copy())
+                        if count > first:
+                            self.gone.append(window[: count - first].copy())
+            _write_ring(window, self.fresh_pos, np.asarray(fresh, dtype=np.float64))
+            self.stored = min(self.stored + k, size)
         return self._window
 
     def take(self, values: Sequence[float]) -> None:
-        """Write samples at the window's position on: into the window once it is its own,
-        else kept in `fresh` (then the position moves on as if written)."""
+        """Take samples at the window's position on: kept in `fresh` until the window is
+        read (then the position moves on as if written)."""
         size = self._window.size
         n = len(values)
-        if self.shared:
-            if not self.fresh:
-                self.fresh_pos = self.pos
-            self.fresh.extend(values)
-            drop = len(self.fresh) - size
-            if drop > 0:  # only the last `size` can survive
-                del self.fresh[:drop]
-                self.fresh_pos = (self.fresh_pos + drop) % size
-        elif n == 1:
-            self._window[self.pos] = values[0]
-        else:
-            _write_ring(self._window, self.pos, np.asarray(values, dtype=np.float64))
+        fresh = self.fresh
+        if not fresh:
+            self.fresh_pos = self.pos
+        fresh.extend(values)
+        if len(fresh) > size:  # only the last `size` can survive
+            drop = len(fresh) - size
+            del fresh[:drop]
+            self.fresh_pos = (self.fresh_pos + drop) % size
         self.pos = (self.pos + n) % size
         self.filled = min(self.filled + n, size)
         self.seen += n
         self.pending += n
+
+    def sorted_samples(self) -> np.ndarray:
+        """The window's samples in ascending order, read only; kept for the next call.
+
+        A refresh replaces a small part of the window: the sorted samples of the last one
+        lose the overwritten values and gain the new ones by merging (O(n) plus a sort of
+        the new ones, against O(n log n) for sorting the window again).
+        """
+        window = self.own_window()
+        size = window.size
+        new = self.pending
+        old, gone = self.sorted, self.gone
+        self.gone = []
+        merged = None
+        if old is not None and 2 * new <= size:
+            start = self.pos - new
+            if start >= 0:
+                added = np.sort(window[start : self.pos])
+            else:  # the new samples wrapped around the ring's end
+                added = np.sort(np.concatenate((window[start:], window[: self.pos])))
+            removed = np.sort(np.concatenate(gone)) if gone else _EMPTY
+            merged = _resorted(old, removed, added)
+        if merged is None or merged.size != self.filled:
+            merged = np.sort(window[: self.filled])
+        merged.setflags(write=False)
+        self.sorted = merged
+        return merged
 
     def prior_left(self) -> int:
         """Prior samples still in the window: online ones fill its free slots, then
         overwrite the prior's, one by one."""
         overwritten = max(self.seen - (self._window.size - self.prior), 0)
         return max(self.prior - overwritten, 0)
+
+
+_EMPTY = np.empty(0)
+_EMPTY.setflags(write=False)
+
+
+def _resorted(old: np.ndarray, gone: np.ndarray, added: np.ndarray) -> np.ndarray | None:
+    """Sorted `old` without the values of sorted `gone` (one occurrence each) and with those
+    of sorted `added`; None when `gone` is not a sub-multiset of `old` (a full sort then)."""
+    if gone.size:
+        # The i-th of r equal values to remove is the i-th occurrence in old.
+        at = np.searchsorted(old, gone, side="left")
+        at += np.arange(gone.size) - np.searchsorted(gone, gone, side="left")
+        if at[-1] >= old.size or not np.array_equal(old[at], gone):
+            return None
+        keep = np.ones(old.size, dtype=bool)
+        keep[at] = False
+        old = old[keep]
+    if not added.size:
+        return old
+    # Two sorted runs: the stable sort (timsort) merges them in one linear pass.
+    return np.sort(np.concatenate((old, added)), kind="stable")
 
 
 def _write_ring(window: np.ndarray, pos: int, values: np.ndarray) -> None:
@@ -470,31 +616,29 @@ class CdfBook:
     def observe_many(self, server_id: str, post_queue_ms: Sequence[float]) -> None:
         """Record several post-queuing times of one server in order (a frame of results),
         as `observe` one by one would, but with the snapshot refreshed at most once."""
-        n = len(post_queue_ms)
-        if n < _VECTOR_MIN:
-            for value in post_queue_ms:
-                self.observe(server_id, value)
-            return
         row = self._rows_by_id.get(server_id)
         if row is None:
             return
-        values = np.asarray(post_queue_ms, dtype=np.float64)
-        # NaN fails both comparisons; checked before anything is written.
-        if not (values.min() >= 0.0 and values.max() < math.inf):
-            bad = values[~((values >= 0.0) & (values < math.inf))][0]
-            raise ValueError(f"post_queue_ms must be finite and >= 0, got {float(bad)!r}")
-        row.take(values if not row.shared else values.tolist())
+        values = post_queue_ms.tolist() if isinstance(post_queue_ms, np.ndarray) else post_queue_ms
+        if not values:
+            return
+        # min and sum run in C: a NaN makes the sum NaN, an infinity makes it infinite.
+        if not (min(values) >= 0.0 and math.isfinite(sum(values))):
+            for value in values:
+                if not (0.0 <= value < math.inf):
+                    raise ValueError(f"post_queue_ms must be finite and >= 0, got {value!r}")
+        row.take(values)
         if row.pending >= self._refresh_every:
             self._refresh(row)
 
     def _refresh(self, row: _Row) -> None:
         """A fresh snapshot of the row's window, installed in L: in the row's own slot, or
         in a new one when the row shared its slot with rows of the old snapshot."""
+        samples = row.sorted_samples()
         row.pending = 0
         model = row.model if row.model is not None and row.prior_left() else None
-        samples = row.own_window()[: row.filled]
         old = row.cdf
-        row.cdf = LatencyCdf.from_samples(samples, self._tail_fraction, model=model)
+        row.cdf = LatencyCdf.from_samples(samples, self._tail_fraction, model=model, presorted=True)
         row.moments = None
         slot = row.slot
         if self._refs[slot] == 1:
@@ -746,7 +890,17 @@ class CdfBook:
 
     def _fill(self, slot: int) -> None:
         cdf = self._snap(slot)
-        log_f = np.maximum(cdf.log_cdf(self._grid_ms), LOG_FLOOR)
+        grid = self._grid_ms
+        # F is 0 below the smallest sample (log F floored); above it, log F on the ascending
+        # grid, where log P(X > x) falls (one branch of log(1 - e^a) per point).
+        first = int(np.searchsorted(grid, cdf.min_ms, side="left"))
+        log_f = np.full(grid.size, LOG_FLOOR)
+        log_s = (
+            cdf.log_survival_ascending(grid[first:])
+            if isinstance(cdf, LatencyCdf)
+            else cdf.log_survival(grid[first:])
+        )
+        log_f[first:] = np.maximum(_log1mexp_falling(log_s), LOG_FLOOR)
         self._coarse[slot] = log_f[::FINE_STEPS]
         self._blocks[:, slot, :] = log_f[_BLOCK_INDEX]
         self._threshold_ms[slot] = cdf.threshold_ms

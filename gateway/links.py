@@ -421,6 +421,10 @@ class ServerLink:
             self._conn.close()
         self._fail_all("lost", reason)
         self.state = "closed"
+        # The connection calls back into this link (link <-> connection): dropping our side
+        # lets reference counting free a closed link even when its objects were frozen
+        # out of the collector's sight (taskserver.heap.refreeze).
+        self._conn = None
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()

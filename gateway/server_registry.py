@@ -10,6 +10,7 @@ task's fate to the query path through the callbacks wired in by `GatewayService`
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import random
@@ -36,6 +37,7 @@ from gateway.table_cdf import prior_of
 from gateway.targets import TargetPicker
 from gateway.waits import backlog_wait
 from taskserver.framecheck import WireLimits
+from taskserver.heap import Refreeze, refreeze
 from taskserver.service_time import make_distribution
 from taskserver.tls import link_client_tls
 
@@ -89,6 +91,10 @@ class ServerRegistry:
         self._tls = link_client_tls(config.tls)
         """TLS on every link ([tls] links): one context, reloaded for all (taskserver.tls);
         loaded here, so a bad certificate file stops the gateway before it listens."""
+        self._refreeze = Refreeze()
+        """When to freeze the objects of servers that joined since start-up (their links,
+        rows, connections): a full collection then does not walk them (taskserver.heap)."""
+        self._refreeze_timer: asyncio.TimerHandle | None = None
         self.on_result: ResultCallback = _unwired
         """Told each task's result (the query path's, wired by GatewayService)."""
         self.on_results: ResultsCallback | None = None
@@ -179,6 +185,7 @@ class ServerRegistry:
         self.links[req.id] = link
         self.targets.join(link)
         link.start()
+        self._joined()
         # A fresh registration is usually followed by queries: give the link a moment.
         await link.wait_up(min(0.5, self.config.heartbeat_timeout_s))
         log.info(
@@ -190,6 +197,32 @@ class ServerRegistry:
             extra={"server_id": req.id, "pool": req.pool, "outcome": "registered"},
         )
         return True, self._registered_view(link)
+
+    def _joined(self) -> None:
+        """A server joined: once a burst of them is over, freeze what they brought."""
+        wait_s = self._refreeze.joined(self.clock())
+        if wait_s is None:
+            return
+        if self._refreeze_timer is not None:
+            self._refreeze_timer.cancel()
+        self._refreeze_timer = asyncio.get_running_loop().call_later(wait_s, self._settle_joined)
+
+    def _settle_joined(self) -> None:
+        self._refreeze_timer = None
+        now = self.clock()
+        if not self._refreeze.due(now):
+            # The loop's timers may fire a little early (uvloop: whole milliseconds): ask
+            # again when the quiet time is over, unless the clock did not move (tests).
+            left_s = self._refreeze.quiet_s - (now - self._refreeze.last_join_s)
+            if 0.0 < left_s < self._refreeze.quiet_s:
+                self._refreeze_timer = asyncio.get_running_loop().call_later(
+                    left_s + 0.001, self._settle_joined
+                )
+            return
+        servers = self._refreeze.new
+        self._refreeze.frozen()
+        if refreeze():
+            log.info("froze the long-lived objects of %d servers that joined", servers)
 
     def _quiet_period(self) -> float:
         """Seconds between heartbeats to a server that holds no task (gateway.pacing)."""
@@ -290,6 +323,9 @@ class ServerRegistry:
 
     async def close_all(self, reason: str) -> None:
         """Close every link; the tasks they hold fail at once."""
+        if self._refreeze_timer is not None:
+            self._refreeze_timer.cancel()
+            self._refreeze_timer = None
         for link in list(self.links.values()):
             await link.close(reason)
         self.links.clear()

@@ -12,7 +12,9 @@ heartbeats, as real ones do). Once all N are up and a settling pause has passed:
 - fanout-100 p99: the gateway's latency_ms of queries of fanout 100 (random servers of the
   pool) from ``clients`` clients, p50 and p99 (fanout min(100, N)); and the gateway-added
   part of it (dispatch_ms + merge_ms of each answer, as in bench_latency): what the gateway
-  itself adds, apart from the N servers' processes sharing the machine's cores.
+  itself adds, apart from the N servers' processes sharing the machine's cores;
+- full GCs: the gateway's full garbage-collector passes while those queries ran and their
+  summed pause (its `tailgate_gc_pause_seconds{generation="2"}`).
 
 On one small machine the server processes share the cores with the gateway; what the
 gateway spends is its own (/proc), its latencies are those of the whole machine.
@@ -61,6 +63,10 @@ class Row:
     p99_ms: float
     added_p50_us: float
     added_p99_us: float
+    full_gcs: int
+    """Full garbage-collector passes of the gateway while the measured queries ran."""
+    full_gc_ms: float
+    """Their total pause (tailgate_gc_pause_seconds{generation="2"})."""
 
 
 async def _timed_get(http: aiohttp.ClientSession, url: str, repeats: int) -> float:
@@ -98,6 +104,18 @@ async def _queries(
     return out
 
 
+async def _full_gcs(http: aiohttp.ClientSession, url: str) -> tuple[int, float]:
+    """The gateway's full GC passes so far and their summed pause in ms (its /metrics)."""
+    async with http.get(url + "/metrics") as r:
+        text = await r.text()
+    found = {}
+    for line in text.splitlines():
+        for part in ("count", "sum"):
+            if line.startswith(f'tailgate_gc_pause_seconds_{part}{{generation="2"}}'):
+                found[part] = float(line.rsplit(" ", 1)[1])
+    return int(found.get("count", 0)), found.get("sum", 0.0) * 1000.0
+
+
 async def measure(n: int, args: argparse.Namespace) -> Row:
     """Start N servers and a gateway; measure them."""
     async with Gateway(n, args.per_process, up_timeout_s=60.0 + n / 20.0) as gw:
@@ -113,10 +131,15 @@ async def measure(n: int, args: argparse.Namespace) -> Row:
             whole = await _timed_get(http, gw.url + "/v1/servers", 5)
             page = await _timed_get(http, gw.url + "/v1/servers?limit=100", 5)
             await _queries(http, gw.url, fanout, min(args.queries // 5, 50), args.clients)
+            gcs0, gc_ms0 = await _full_gcs(http, gw.url)
             answers = await _queries(http, gw.url, fanout, args.queries, args.clients)
+            gcs1, gc_ms1 = await _full_gcs(http, gw.url)
     lat = sorted(a for a, _ in answers)
     added = sorted(b for _, b in answers)
-    return Row(n, rss, idle, whole, page, fanout, *_p50_p99(lat), *_p50_p99(added))
+    return Row(
+        n, rss, idle, whole, page, fanout, *_p50_p99(lat), *_p50_p99(added),
+        gcs1 - gcs0, gc_ms1 - gc_ms0,
+    )  # fmt: skip
 
 
 def _p50_p99(xs: list[float]) -> tuple[float, float]:
@@ -134,7 +157,7 @@ async def main_async(args: argparse.Namespace) -> None:
     )
     print(
         "servers   gateway RSS   per server   idle CPU   per server   GET /v1/servers"
-        "        fanout   latency_ms          gateway-added µs"
+        "        fanout   latency_ms          gateway-added µs    full GCs"
     )
     print(
         "              MiB          KiB      % core     % core       all / page of 100 ms"
@@ -151,7 +174,8 @@ async def main_async(args: argparse.Namespace) -> None:
             f"{row.idle_cpu:>8.1%}   {row.idle_cpu / row.servers:>10.4%}   "
             f"{row.list_ms:>8.1f} / {row.page_ms:>5.1f}      {row.fanout:>6}   "
             f"{row.p50_ms:>6.1f} / {row.p99_ms:>6.1f}     "
-            f"{row.added_p50_us:>6.0f} / {row.added_p99_us:>6.0f}",
+            f"{row.added_p50_us:>6.0f} / {row.added_p99_us:>6.0f}   "
+            f"{row.full_gcs:>3} / {row.full_gc_ms:>5.0f}",
             flush=True,
         )
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import math
 import platform
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
@@ -15,6 +16,8 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import Collector
+
+from taskserver.heap import GC_PAUSE_BUCKETS_S, GcPauses, gc_pauses
 
 # No `_created` series beside every counter and histogram: Prometheus does not use them and
 # they double what a scrape carries (prometheus_client's switch is process-wide).
@@ -54,6 +57,31 @@ def register_build_info(registry: CollectorRegistry, component: str) -> None:
         ["version", "python", "component"],
         registry=registry,
     ).labels(version, platform.python_version(), component).set(1)
+    # The process's collector pauses beside it (taskserver.heap): once per registry.
+    registry.register(GcPauseCollector(gc_pauses()))
+
+
+class GcPauseCollector(Collector):
+    """`tailgate_gc_pause_seconds{generation}`: the process's garbage-collector passes."""
+
+    def __init__(self, pauses: GcPauses) -> None:
+        self._pauses = pauses
+
+    def collect(self) -> Iterable[Metric]:
+        family = HistogramMetricFamily(
+            "tailgate_gc_pause_seconds",
+            "Garbage-collector passes of this process and how long each stopped it, by "
+            "generation (2: a full pass over every object not frozen at start-up).",
+            labels=["generation"],
+        )
+        p = self._pauses
+        for g in range(p.GENERATIONS):
+            cumulative, running = [], 0
+            for bound, n in zip((*GC_PAUSE_BUCKETS_S, math.inf), p.buckets[g], strict=True):
+                running += n
+                cumulative.append((_le(bound), running))
+            family.add_metric([str(g)], cumulative, p.total_s[g])
+        yield family
 
 
 class HistogramChild:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
+import weakref
 from typing import Any
 
 import aiohttp
@@ -12,6 +14,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gateway.config import GatewayConfig
+from gateway.requests import RegisterRequest
 from gateway.service import GatewayService
 from tests.integration.conftest import Cluster, query, wait_until
 from tests.integration.harness import Proc, free_port, start_cli, start_taskserver
@@ -317,3 +320,35 @@ async def test_a_listener_that_does_not_speak_http_is_unreachable_not_a_crash() 
     finally:
         server.close()
         await server.wait_closed()
+
+
+async def test_a_deregistered_server_is_freed_without_the_cycle_collector(
+    cluster: Cluster,
+) -> None:
+    # A running gateway freezes the objects of servers that joined (taskserver.heap), which
+    # the cycle collector then never frees: a closed link must be freed by reference
+    # counting alone, or every server that leaves would leak its link and connection.
+    ts = _taskserver(cluster, "ts-freed")
+    svc = GatewayService(GatewayConfig(), registry=CollectorRegistry())
+    try:
+        await svc.register(RegisterRequest("ts-freed", "default", ts.address, 2))
+        link = svc.links["ts-freed"]
+        assert await link.wait_up(5.0)
+        conn = link._conn
+        assert conn is not None
+        refs = weakref.ref(link), weakref.ref(conn)
+        del link, conn
+        gc.collect()
+        gc.disable()
+        try:
+            await svc.deregister("ts-freed")
+            for _ in range(50):  # the transport reports the close a loop turn or two later
+                if refs[0]() is None and refs[1]() is None:
+                    break
+                await asyncio.sleep(0.01)
+            assert refs[0]() is None, gc.get_referrers(refs[0]())
+            assert refs[1]() is None, gc.get_referrers(refs[1]())
+        finally:
+            gc.enable()
+    finally:
+        await svc.stop()

@@ -467,3 +467,78 @@ def test_servers_of_one_prior_share_a_slot_until_their_first_refresh() -> None:
     assert book.solve(["s5"], 99.0).unloaded_ms == pytest.approx(9.0)
     book.add_server("t", prior)
     assert book.row_key("t") != book.row_key("s5")
+
+
+@pytest.mark.parametrize("refresh_every", [1, 5, 16, 40, 200])
+def test_a_refresh_keeps_the_window_sorted_as_a_full_sort_would(refresh_every: int) -> None:
+    # The incremental re-sort (old order minus the overwritten samples, merged with the
+    # new ones) must give exactly np.sort of the window, through wrap-arounds, ties, frames
+    # larger than half the window and single samples alike.
+    rng = np.random.default_rng(refresh_every)
+    book = CdfBook(window_size=64, refresh_every=refresh_every)
+    book.add_server("a", rng.exponential(1.0, 40))  # the window starts part filled
+    row = book._row_of("a")
+    checked = 0
+    for _ in range(400):
+        n = int(rng.choice([1, 2, 3, 7, 20, 40]))
+        values = np.round(rng.exponential(1.0, n), 1)  # rounded: ties are common
+        if n == 1:
+            book.observe("a", float(values[0]))
+        else:
+            book.observe_many("a", values.tolist())
+        if row.pending == 0:  # it refreshed
+            assert row.sorted is not None
+            np.testing.assert_array_equal(row.sorted, np.sort(row.window[: row.filled]))
+            cdf = book.cdf_of("a")
+            ref = LatencyCdf.from_samples(row.window[: row.filled])
+            xs = np.linspace(0.0, 8.0, 33)
+            np.testing.assert_allclose(cdf.log_survival(xs), ref.log_survival(xs), rtol=1e-12)
+            assert cdf.mean_ms() == pytest.approx(ref.mean_ms(), rel=1e-12)
+            checked += 1
+    assert checked > 10
+
+
+def test_samples_without_ties_give_the_same_snapshot_either_way() -> None:
+    # The no-ties path reads the levels cached for n; the general path derives them.
+    x = np.random.default_rng(5).lognormal(0.0, 0.8, 2000)
+    fast = LatencyCdf.from_samples(np.sort(x), presorted=True)
+    tied = np.append(x[:-1], x[0])  # one tie: the general path
+    slow = LatencyCdf.from_samples(tied)
+    ref = LatencyCdf.from_samples(x[:-1])
+    assert slow.n == 2000 and fast.n == 2000 and ref.n == 1999
+    xs = np.geomspace(0.05, 50.0, 200)
+    again = LatencyCdf.from_samples(x)  # unsorted input, no ties
+    np.testing.assert_array_equal(again.log_survival(xs), fast.log_survival(xs))
+    assert again.mean_ms() == fast.mean_ms()
+    # The shortcut agrees with the general formulas (runs of one sample each) to rounding.
+    xs_sorted = np.sort(x)
+    survival = (2000 - np.cumsum(np.ones(2000)) + 0.5) / 2000
+    np.testing.assert_allclose(fast._neg_log_sf, -np.log(survival), rtol=1e-15)
+    body = float(xs_sorted[0]) + float(
+        np.dot(np.diff(xs_sorted), (survival[:-1] - survival[1:]) / np.diff(-np.log(survival)))
+    )
+    assert fast.tail is not None
+    assert fast.mean_ms() == pytest.approx(body + survival[-1] * fast.tail.mean_excess_ms())
+    assert slow.mean_ms() > 0 and ref.mean_ms() > 0
+
+
+def test_the_grid_holds_log_f_of_each_snapshot_kind(tailbench_dir: Path) -> None:
+    # _fill computes log F only from the row's smallest sample on, one branch per point:
+    # the matrices must hold what log_cdf gives on the whole grid.
+    from gateway.cdf import LOG_FLOOR
+    from gateway.table_cdf import TableCdf
+
+    rng = np.random.default_rng(9)
+    table = TableCdf.from_table(np.loadtxt(tailbench_dir / "xapian_quantiles.txt"), 1.0)
+    book = CdfBook(window_size=512, refresh_every=64)
+    book.add_server("tail", rng.lognormal(0.0, 1.0, 512))  # a fitted GPD tail
+    book.add_server("bounded", rng.uniform(1.0, 2.0, 20))  # too few samples for a tail
+    book.add_server("table", table)
+    book.observe_many("tail", rng.lognormal(0.5, 1.0, 64).tolist())  # a refresh
+    grid = book._grid_ms
+    for sid in ("tail", "bounded", "table"):
+        slot = book.row_key(sid)
+        want = np.maximum(book.cdf_of(sid).log_cdf(grid), LOG_FLOOR).astype(np.float32)
+        got = np.concatenate([book._blocks[c, slot, :-1] for c in range(book._blocks.shape[0])])
+        np.testing.assert_allclose(got, want[:-1], rtol=1e-6, atol=1e-30)
+        np.testing.assert_allclose(book._coarse[slot], want[:: grid.size // 128], rtol=1e-6)
