@@ -82,7 +82,11 @@ class ServerRegistry:
         """The links' jitter (reconnect backoff, quiet heartbeat periods): one generator for
         all of them, not a Mersenne Twister state (2.5 KB) per server."""
         self.links: dict[str, TaskLink] = {}
-        self.targets = TargetPicker(config, self.links, rng, self._wait_of, self._back_in)
+        self._grace_from: float | None = None
+        """When the registration grace began (the service's start; None: not started)."""
+        self.targets = TargetPicker(
+            config, self.links, rng, self._wait_of, self._back_in, self._registering_left
+        )
         self._drain_ends: dict[str, float] = {}
         """Servers being deregistered with a drain bound -> when it passes (clock time)."""
         self._pools = {p.name: p for p in config.pools}
@@ -197,6 +201,16 @@ class ServerRegistry:
             extra={"server_id": req.id, "pool": req.pool, "outcome": "registered"},
         )
         return True, self._registered_view(link)
+
+    def start_grace(self) -> None:
+        """The service has started: `registration_grace_s` of registrations begins now."""
+        self._grace_from = self.clock()
+
+    def _registering_left(self) -> float:
+        """Seconds left of the registration grace (0 before the start and after it)."""
+        if self._grace_from is None:
+            return 0.0
+        return max(0.0, self.config.registration_grace_s - (self.clock() - self._grace_from))
 
     def _joined(self) -> None:
         """A server joined: once a burst of them is over, freeze what they brought."""

@@ -142,8 +142,7 @@ class GatewayService:
                 await self.register(
                     RegisterRequest(entry.id, pool.name, entry.address, entry.slots, entry.cluster)
                 )
-        started_at, grace = self.clock(), self.config.registration_grace_s
-        self.targets.registering = lambda: max(0.0, grace - (self.clock() - started_at))
+        self.servers.start_grace()
         self.started = True
         await self.history.start()
 

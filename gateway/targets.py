@@ -88,6 +88,7 @@ class TargetPicker:
         rng: random.Random,
         wait_of: Callable[[TaskLink], tuple[float, float]] | None = None,
         back_in: Callable[[TaskLink], float | None] | None = None,
+        registering: Callable[[], float] | None = None,
     ) -> None:
         self.config = config
         self.wait_of = wait_of
@@ -106,9 +107,10 @@ class TargetPicker:
         }
         """Pool -> cluster -> member ids; a declared cluster stays known while it has none."""
         self._declared = {p.name: frozenset(p.clusters) for p in config.pools}
-        self.registering: Callable[[], float] = lambda: 0.0
-        """Seconds left of the gateway's registration grace (0: passed; the service sets it
-        when it starts): within it, too few servers is worth a retry, not a client error."""
+        self.registering: Callable[[], float] = registering or (lambda: 0.0)
+        """Seconds left of the gateway's registration grace (0: passed or none; the
+        registry's, which starts when the service does): within it, too few servers is
+        worth a retry, not a client error."""
         self.prefix: dict[str, Callable[[], int]] = {}
         """Pools routed by their ordered backend prefix (Swayam): pool -> n in use now."""
 

@@ -34,6 +34,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from gateway.config import GatewayConfig
+from gateway.errors import ApiError
 from gateway.queries import QueryOutcome
 from gateway.requests import QueryRequest, RegisterRequest, Targets
 from gateway.service import GatewayService
@@ -166,7 +167,12 @@ async def gateway_rate(
         async def worker() -> None:
             nonlocal queries, failures
             while time.perf_counter() < stop_at:
-                ans = await svc.run_query(req)
+                try:
+                    ans = await svc.run_query(req)
+                except ApiError:  # refused (admission, SLO unreachable): a failed query
+                    failures += 1
+                    await asyncio.sleep(0)  # a refusal is immediate: let the others run
+                    continue
                 if render:
                     ans.render()  # the JSON answer as the HTTP shell sends it
                 if ans.outcome in (QueryOutcome.MET, QueryOutcome.MISSED_SLO):

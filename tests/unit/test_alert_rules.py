@@ -118,6 +118,7 @@ def test_every_alert_says_what_broke_and_what_to_do() -> None:
         "TailgateScrapeTargetDown",
         "TailgateAdmissionRejecting",
         "TailgateEdgeAgentStale",
+        "TailgateEdgeAgentStoreFull",
         "TailgatePipelineDropRateHigh",
     } <= set(rules)
     for name, rule in rules.items():
