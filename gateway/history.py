@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import json
 import logging
 import socket
@@ -111,7 +112,8 @@ class Figures:
     deferred: dict[tuple[str, str], int]
     """(class, reason) -> admission DEFER decisions since start."""
     queue: dict[str, tuple[str, int]]
-    """Server -> (pool, tasks outstanding for it)."""
+    """Server -> (pool, tasks outstanding for it), for the servers that hold any (an idle
+    server adds nothing: with thousands of servers the pass stays cheap)."""
     servers: dict[str, int]
     """Server state -> servers."""
     replicas: dict[str, int]
@@ -123,6 +125,8 @@ class Figures:
     edge: dict[str, tuple[float | None, float]] = field(default_factory=dict)
     """Edge-agent cluster -> (the worst post-queuing p99 of its agents' CDFs in ms, None
     before any; the longest time one of its agents has been silent, in seconds)."""
+    pools: tuple[str, ...] = ()
+    """Pools with at least one server: their queue total is reported, 0 when idle."""
 
 
 def _delta(n: float, before: float) -> float:
@@ -166,10 +170,12 @@ class HistorySampler:
                 xs = sorted(unsorted)  # once per class; both percentiles read it
                 tail_ms[cls] = round(nearest_rank(xs, f.percentiles.get(cls, 99.0)), 3)
                 p99_ms[cls] = round(nearest_rank(xs, 99.0), 3)
-        pools: Counter[str] = Counter()
+        pools: Counter[str] = Counter(dict.fromkeys(f.pools, 0))
         for pool, depth in f.queue.values():
             pools[pool] += depth
-        deepest = sorted(f.queue.items(), key=lambda kv: (-kv[1][1], kv[0]))[: self._top]
+        # The deepest of the servers holding tasks (not a sort of every server).
+        busy = [kv for kv in f.queue.items() if kv[1][1] > 0]
+        deepest = heapq.nsmallest(self._top, busy, key=lambda kv: (-kv[1][1], kv[0]))
         goodput = {s: _delta(n, self._goodput.get(s, 0)) / elapsed for s, n in f.goodput.items()}
         busiest = sorted(goodput.items(), key=lambda kv: (-kv[1], kv[0]))[: self._top]
         drops = {m: _delta(n, self._drops.get(m, 0)) / elapsed for m, n in f.drops.items()}
@@ -333,15 +339,28 @@ def read_figures(service: GatewayView) -> Figures:
         for s in family.samples:
             if s.name.endswith("_total"):
                 queries[(s.labels["class"], s.labels["outcome"])] = s.value
-    links = list(service.links.values())
     goodput: dict[str, int] = {}
     edge: dict[str, tuple[float | None, float]] = {}
     book = service.book
-    for lk in links:
-        if lk.executor == PIPELINE_EXECUTOR:
+    # One pass over the servers (thousands of them: every interval, on the event loop).
+    queue: dict[str, tuple[str, int]] = {}
+    pools: dict[str, None] = {}
+    states: dict[str, int] = {}
+    for lk in service.links.values():
+        pool = lk.pool
+        pools[pool] = None
+        depth = len(lk.outstanding)
+        if depth:
+            queue[lk.server_id] = (pool, depth)
+        state = lk.display_state
+        states[state] = states.get(state, 0) + 1
+        executor = lk.executor
+        if executor is None:
+            continue
+        if executor == PIPELINE_EXECUTOR:
             tasks, misses = windows.counts.get((lk.server_id, lk.pool), (0, 0))
             goodput[lk.server_id] = tasks - misses
-        elif lk.executor == EDGE_EXECUTOR:
+        elif executor == EDGE_EXECUTOR:
             cluster = lk.cluster or lk.pool
             worst, silent = edge.get(cluster, (None, 0.0))
             if book.has_server(lk.server_id):
@@ -358,8 +377,8 @@ def read_figures(service: GatewayView) -> Figures:
         percentiles={c.name: c.percentile for c in service.config.classes},
         queries=queries,
         deferred=dict(service.gate.controller.deferred),
-        queue={lk.server_id: (lk.pool, len(lk.outstanding)) for lk in links},
-        servers=dict(Counter(lk.display_state for lk in links)),
+        queue=queue,
+        servers=states,
         replicas=(
             {}
             if service.autoscaler is None
@@ -368,6 +387,7 @@ def read_figures(service: GatewayView) -> Figures:
         goodput=goodput,
         drops=dict(drops),
         edge=edge,
+        pools=tuple(pools),
     )
 
 

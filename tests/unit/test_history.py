@@ -350,3 +350,16 @@ async def test_stop_survives_a_sampler_that_died() -> None:
     await asyncio.sleep(0)
     await service.stop()  # no RuntimeError: the links and the store still close
     assert recorder.store is None and recorder._task is None
+
+
+def test_idle_servers_cost_the_sample_nothing_but_their_pool_still_shows() -> None:
+    # read_figures lists only the servers holding tasks; pools come apart, so an idle pool
+    # still reports 0 and no idle server fills the "deepest" list.
+    sampler = HistorySampler(now=0.0, top_servers=3)
+    s = sampler.sample(
+        make_figures(queue={"s7": ("default", 2)}, pools=("default", "edge")),
+        now=1.0,
+        wall=T0,
+    )
+    assert s["queue"] == {"default": 2, "edge": 0}
+    assert s["server_queue"] == {"s7": 2}
