@@ -103,12 +103,13 @@ class _ServersCollector(Collector):
 
 
 class _TaskCountsCollector(Collector):
-    """Per-task counters kept as plain dict increments on the hot path, exported at scrape."""
+    """Per-task counters and per-query gauges kept as plain values on the hot path, exported
+    at scrape."""
 
     def __init__(self, metrics: GatewayMetrics) -> None:
         self._m = metrics
 
-    def collect(self) -> Iterable[CounterMetricFamily]:
+    def collect(self) -> Iterable[Metric]:
         tasks = CounterMetricFamily(
             "tailgate_tasks", "Task outcomes seen by the gateway.", labels=["pool", "status"]
         )
@@ -149,6 +150,19 @@ class _TaskCountsCollector(Collector):
             actual.add_metric([pool], actual_ms / 1000.0)
         yield estimated
         yield actual
+        unloaded = GaugeMetricFamily(
+            "tailgate_unloaded_latency_seconds",
+            "Latest x_p^u(k_f) computed for a class and fanout bucket.",
+            labels=["class", "fanout"],
+        )
+        for (cls, bucket), seconds in sorted(self._m.unloaded_s.items()):
+            unloaded.add_metric([cls, bucket], seconds)
+        yield unloaded
+        yield GaugeMetricFamily(
+            "tailgate_queries_inflight",
+            "Queries dispatched and not yet answered.",
+            value=self._m.inflight,
+        )
 
 
 class _GatewayCollector(Collector):
@@ -332,12 +346,10 @@ class GatewayMetrics:
         self.drop_counts: dict[tuple[str, str], int] = {}
         """(pool, module) -> tasks dropped there; exported as tailgate_task_drops_total."""
         registry.register(_TaskCountsCollector(self))
-        self.unloaded_latency = Gauge(
-            "tailgate_unloaded_latency_seconds",
-            "Latest x_p^u(k_f) computed for a class and fanout bucket.",
-            ["class", "fanout"],
-            registry=registry,
-        )
+        self.unloaded_s: dict[tuple[str, str], float] = {}
+        """(class, fanout bucket) -> the latest x_p^u(k_f) in seconds; exported as
+        tailgate_unloaded_latency_seconds (set per query: a dict store, not a locked gauge)."""
+        self._unloaded_keys: dict[tuple[str, int], tuple[str, str]] = {}
         self.admission = Counter(
             "tailgate_admission_rejections_total",
             "Queries rejected by admission control, by class and reason.",
@@ -365,11 +377,8 @@ class GatewayMetrics:
             ["server", "reason"],
             registry=registry,
         )
-        self.inflight = Gauge(
-            "tailgate_queries_inflight",
-            "Queries dispatched and not yet answered.",
-            registry=registry,
-        )
+        self.inflight = 0
+        """Queries dispatched and not yet answered (tailgate_queries_inflight)."""
         self.server_windows = ServerMissRatios()
         """Per-server and per-pool task counts and windows."""
         # labels() validates and locks on every call: the query path's children, found once.
@@ -388,12 +397,10 @@ class GatewayMetrics:
 
     def set_unloaded(self, cls: str, fanout: int, unloaded_ms: float) -> None:
         """The x_p^u(k_f) just computed for a query of this class and fanout."""
-        key = (cls, fanout)
-        child = self._unloaded_children.get(key)
-        if child is None:
-            child = self.unloaded_latency.labels(cls, fanout_bucket(fanout))
-            self._unloaded_children[key] = child
-        child.set(unloaded_ms / 1000.0)
+        key = self._unloaded_keys.get((cls, fanout))
+        if key is None:
+            key = self._unloaded_keys[(cls, fanout)] = (cls, fanout_bucket(fanout))
+        self.unloaded_s[key] = unloaded_ms / 1000.0
 
     def query_answered(self, cls: str, fanout: int, latency_ms: float) -> None:
         """Count one query whose tasks all succeeded, with its latency."""

@@ -302,7 +302,7 @@ class QueryPath:
             self.autoscaler.record_query(req.percentile, req.slo_ms, len(links), links[0].pool)
         self.groups.admitted(run.group, cost_ms, len(links), t0)
         self._inflight[qid] = run
-        self.metrics.inflight.inc()
+        self.metrics.inflight += 1
         try:
             for i, link in enumerate(links):
                 p = PendingTask(
@@ -364,7 +364,7 @@ class QueryPath:
         finally:
             self._inflight.pop(qid, None)
             self._placed.pop(qid, None)
-            self.metrics.inflight.dec()
+            self.metrics.inflight -= 1
         return self._answer(req, run, plan, links)
 
     async def _admit_shared(

@@ -276,3 +276,20 @@ def test_the_latency_histogram_has_a_bucket_at_each_class_slo() -> None:
     metrics.query_answered("A", 1, 334.0)
     text = generate_latest(registry).decode()
     assert 'tailgate_query_latency_seconds_bucket{class="A",fanout="1",le="0.333"} 1.0' in text
+
+
+def test_per_query_gauges_are_plain_values_exported_at_scrape() -> None:
+    registry = CollectorRegistry()
+    m = GatewayMetrics(registry)
+    m.inflight += 3
+    m.set_unloaded("A", 10, 4.5)
+    m.set_unloaded("A", 12, 5.0)  # the same fanout bucket (10-99): the latest wins
+    m.set_unloaded("B", 1, 0.25)
+    m.inflight -= 1
+    assert registry.get_sample_value("tailgate_queries_inflight") == 2.0
+    unloaded = "tailgate_unloaded_latency_seconds"
+    assert registry.get_sample_value(unloaded, {"class": "A", "fanout": "10-99"}) == 0.005
+    assert registry.get_sample_value(unloaded, {"class": "B", "fanout": "1"}) == 0.00025
+    text = generate_latest(registry).decode()
+    assert "# TYPE tailgate_queries_inflight gauge" in text
+    assert "# TYPE tailgate_unloaded_latency_seconds gauge" in text
