@@ -21,7 +21,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -81,12 +81,64 @@ class _Inbound:
     """The watchdog took its slot back and reported it; its runner's end is moot."""
     started: bool = False
     """Its runner has taken its first step (a runner cancelled before that never runs)."""
+    suspended: tuple[Coroutine[Any, Any, bytes], Any] | None = None
+    """Its executor's coroutine, which took its first step at once (`_start`), and what it
+    waits on, until its runner goes on with it (None then, or when there is none)."""
 
 
 def slot_limit_s(now: float, slo_budget_ms: float, grace_s: float, max_task_s: float) -> float:
     """By when a task dequeued at `now` with slo_budget_ms of its SLO left (negative: late)
     gives its slot back: at its SLO plus the grace, and never more than max_task_s on."""
     return now + min(slo_budget_ms / 1000.0 + grace_s, max_task_s)
+
+
+class _Resumed:
+    """Awaits a coroutine that has already taken its first step and is waiting on
+    `waiting_on` (what that step yielded): `yield from` semantics from the second step on.
+    What the awaiting task is sent or thrown goes on to the coroutine."""
+
+    __slots__ = ("_coro", "_waiting_on")
+
+    def __init__(self, coro: Coroutine[Any, Any, bytes], waiting_on: Any) -> None:
+        self._coro = coro
+        self._waiting_on = waiting_on
+
+    def __await__(self) -> Generator[Any, Any, bytes]:
+        coro, pending = self._coro, self._waiting_on
+        while True:
+            try:
+                sent = yield pending
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as exc:  # a cancellation, or what the task was thrown
+                try:
+                    pending = coro.throw(exc)
+                except StopIteration as stop:
+                    return stop.value  # type: ignore[no-any-return]
+            else:
+                try:
+                    pending = coro.send(sent)
+                except StopIteration as stop:
+                    return stop.value  # type: ignore[no-any-return]
+
+
+def _stop_suspended(inbound: _Inbound) -> None:
+    """Cancel the executor coroutine of a task whose runner was cancelled before its first
+    step (so never went on with it), as the runner's cancellation would have: the future it
+    waits on is cancelled (a thread's result is then dropped, not left unread), and the
+    cancellation is thrown in where it waits."""
+    suspended, inbound.suspended = inbound.suspended, None
+    if suspended is None:
+        return
+    coro, waiting_on = suspended
+    if isinstance(waiting_on, asyncio.Future):
+        waiting_on.cancel()
+    try:
+        coro.throw(asyncio.CancelledError())
+    except (StopIteration, Exception, asyncio.CancelledError):
+        return  # it ended (as a cancelled executor does)
+    coro.close()  # it went on waiting regardless: stop it there
 
 
 class _Throttled:
@@ -320,42 +372,95 @@ class TaskService:
                 continue
             self.busy += 1
             inbound.limit_s = limit_s
+            self._start(dq, now, budget_ms)
+
+    def _start(self, dq: Dequeued, dequeued_s: float, budget_ms: float) -> None:
+        """Run the task's executor up to its first wait, here and now: one that answers
+        without waiting (an instant or cached result) is finished without an asyncio task;
+        one that waits goes on in a runner task of its own from where it stopped (`_run`).
+
+        Beyond the papers: what Python 3.12's eager tasks do, by hand (this runs on 3.11).
+        A task per execution cost the task server ~4 µs of its ~19 µs per instant task.
+        """
+        inbound: _Inbound = dq.task.item
+        task = inbound.task
+        error: str | None = None
+        coro = self.executor.execute(task.payload or b"", budget_ms=budget_ms)
+        try:
+            waiting_on = coro.send(None)
+        except StopIteration as stop:
+            status, result = TaskStatus.OK, stop.value
+        except (Exception, asyncio.CancelledError) as exc:
+            (status, error), result = self._failure(task, exc), b""
+        else:
+            inbound.suspended = coro, waiting_on
             loop = asyncio.get_running_loop()
-            runner = loop.create_task(self._run(dq, now, budget_ms))
+            runner = loop.create_task(self._run(dq, dequeued_s, coro, waiting_on))
             self._running[runner] = inbound
             if self._watchdog is None:
                 self._watchdog = loop.create_task(self._watch())
+            return
+        inbound.started = True
+        self.busy -= 1
+        self._finish(dq, dequeued_s, status, result, error)  # the caller's loop pumps on
+        self._check_idle()
 
-    async def _run(self, dq: Dequeued, dequeued_s: float, budget_ms: float) -> None:
+    def _failure(self, task: Any, exc: BaseException) -> tuple[TaskStatus, str]:
+        """The status and error a task ends with when its executor raised `exc`."""
+        if isinstance(exc, TaskDropped):
+            return TaskStatus.DROPPED, str(exc)
+        if isinstance(exc, InvalidTask):
+            # Marked, so that the gateway answers its client 4xx naming the field.
+            return TaskStatus.FAILED, exc.wire_error()
+        if isinstance(exc, ExecutorError):
+            return TaskStatus.FAILED, str(exc)
+        if isinstance(exc, asyncio.CancelledError):
+            # Given up by a drain or a stop: REJECTED, so the gateway may retry elsewhere.
+            if self._stop_reason:
+                return TaskStatus.REJECTED, self._stop_reason
+            return TaskStatus.CANCELLED, "cancelled"
+        # An executor bug must not kill the server.
+        log.error("executor failed on task %s/%s", task.query_id, task.task_index, exc_info=exc)
+        return TaskStatus.FAILED, f"internal error: {exc!r}"
+
+    async def _run(
+        self,
+        dq: Dequeued,
+        dequeued_s: float,
+        coro: Coroutine[Any, Any, bytes],
+        waiting_on: Any,
+    ) -> None:
+        """The runner of a task whose executor waits: goes on with its started coroutine."""
         inbound: _Inbound = dq.task.item
         inbound.started = True
-        task = inbound.task
+        inbound.suspended = None
         status, result, error = TaskStatus.OK, b"", None
         try:
-            result = await self.executor.execute(task.payload or b"", budget_ms=budget_ms)
-        except TaskDropped as exc:
-            status, error = TaskStatus.DROPPED, str(exc)
-        except InvalidTask as exc:
-            # Marked, so that the gateway answers its client 4xx naming the field.
-            status, error = TaskStatus.FAILED, exc.wire_error()
-        except ExecutorError as exc:
-            status, error = TaskStatus.FAILED, str(exc)
-        except asyncio.CancelledError:
-            # Given up by a drain or a stop: REJECTED, so the gateway may retry elsewhere.
-            status, error = (
-                (TaskStatus.REJECTED, self._stop_reason)
-                if self._stop_reason
-                else (TaskStatus.CANCELLED, "cancelled")
-            )
-        except Exception as exc:  # an executor bug must not kill the server
-            log.exception("executor failed on task %s/%s", task.query_id, task.task_index)
-            status, error = TaskStatus.FAILED, f"internal error: {exc!r}"
+            result = await _Resumed(coro, waiting_on)
+        except (Exception, asyncio.CancelledError) as exc:
+            status, error = self._failure(inbound.task, exc)
         finally:
             if not inbound.reclaimed:
                 self.busy -= 1
                 self._running.pop(asyncio.current_task(), None)  # type: ignore[arg-type]
         if inbound.reclaimed:
             return  # the watchdog gave the slot back and reported the task already
+        self._finish(dq, dequeued_s, status, result, error)
+        if not self.draining or len(self.queue):
+            self._pump()
+        self._check_idle()
+
+    def _finish(
+        self,
+        dq: Dequeued,
+        dequeued_s: float,
+        status: TaskStatus,
+        result: bytes,
+        error: str | None,
+    ) -> None:
+        """A task's executor ended: count it and send its outcome back."""
+        inbound: _Inbound = dq.task.item
+        task = inbound.task
         done = self.clock()
         self.last_activity = done
         if self.metrics is not None:
@@ -375,9 +480,6 @@ class TaskService:
             result=result,
             error=error,
         )
-        if not self.draining or len(self.queue):
-            self._pump()
-        self._check_idle()
 
     def _send(
         self,
@@ -458,6 +560,8 @@ class TaskService:
             self.busy -= 1
             self.reclaimed += 1
             runner.cancel()
+            if not inbound.started:
+                _stop_suspended(inbound)  # its runner will not run: stop what it would go on
             task = inbound.task
             error = (
                 f"task ran past its budget ({task.slo_budget_ms:.0f} ms) plus the grace "
@@ -516,6 +620,7 @@ class TaskService:
         inbound.reclaimed = True  # nothing of the runner will run
         del self._running[runner]
         self.busy -= 1
+        _stop_suspended(inbound)
         status, error = (
             (TaskStatus.REJECTED, self._stop_reason)
             if self._stop_reason

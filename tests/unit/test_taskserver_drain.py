@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from taskserver.abc import InvalidTask
 from taskserver.executors import Executor
 from taskserver.ownership import claim_proof
 from taskserver.queues import create_task_queue
@@ -307,3 +308,98 @@ async def test_giving_up_before_runners_start_leaves_no_slot_busy() -> None:
     assert await svc.drain(timeout_s=0.0) == (0, 2)
     assert svc.busy == 0
     assert {q: f[0] for q, f in _fates(conn).items()} == {"q1": 3, "q2": 3}
+
+
+class _InstantExecutor(Executor):
+    """Answers without waiting (an instant emulated service, a cached result)."""
+
+    name = "instant"
+
+    async def execute(self, payload: bytes, *, budget_ms: float | None = None) -> bytes:
+        return b'{"instant": true}'
+
+
+async def test_an_instant_executor_finishes_in_the_pump_without_a_runner_task() -> None:
+    # TaskService._start runs an executor up to its first wait at once: one that never
+    # waits is done before submit returns, with no asyncio task per execution.
+    svc = TaskService("ts", create_task_queue("fifo"), _InstantExecutor(), slots=1, clock=_Clock())
+    conn = _Conn()
+    for q in ("q1", "q2", "q3"):
+        svc.submit(conn, _task(q))  # type: ignore[arg-type]
+    assert {q: f[0] for q, f in _fates(conn).items()} == {"q1": 0, "q2": 0, "q3": 0}
+    assert [r.result for r in conn.results] == [b'{"instant": true}'] * 3
+    assert (svc.busy, len(svc.queue), len(svc._running), svc.tasks_done) == (0, 0, 0, 3)
+
+
+class _FailingExecutor(Executor):
+    """Refuses a payload at once, or after waiting once (as one reading a thread's answer)."""
+
+    name = "failing"
+
+    async def execute(self, payload: bytes, *, budget_ms: float | None = None) -> bytes:
+        if payload == b"later":
+            await asyncio.sleep(0)
+        raise InvalidTask("sensor", "unknown sensor 'x'")
+
+
+async def test_an_executor_failing_at_once_or_after_a_wait_fails_its_task_alike() -> None:
+    svc = TaskService("ts", create_task_queue("fifo"), _FailingExecutor(), slots=2, clock=_Clock())
+    conn = _Conn()
+    now, later = _task("now"), _task("later")
+    now.payload, later.payload = b"at once", b"later"
+    svc.submit(conn, now)  # type: ignore[arg-type]
+    svc.submit(conn, later)  # type: ignore[arg-type]
+    assert list(_fates(conn)) == ["now"]  # the other one waits in its runner
+    await _settle()
+    fates = _fates(conn)
+    assert (
+        fates["now"]
+        == fates["later"]
+        == (1, InvalidTask("sensor", "unknown sensor 'x'").wire_error())
+    )
+    assert svc.busy == 0
+
+
+class _WatchedExecutor(_HeldExecutor):
+    """A held executor that notes the cancellations it sees."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cancelled = 0
+
+    async def execute(self, payload: bytes, *, budget_ms: float | None = None) -> bytes:
+        try:
+            return await super().execute(payload, budget_ms=budget_ms)
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+
+
+async def test_a_runner_cancelled_before_its_first_step_cancels_its_executor_too() -> None:
+    # The executor took its first step at once and waits on a future; its runner has not
+    # run yet when the query is cancelled: the executor sees the cancellation and the future
+    # it waits on is cancelled (a thread's result is dropped, not left unread).
+    ex = _WatchedExecutor()
+    svc = TaskService("ts", create_task_queue("fifo"), ex, slots=1, clock=_Clock())
+    conn = _Conn()
+    svc.submit(conn, _task("q1"))  # type: ignore[arg-type]
+    [waited] = ex.running
+    svc.cancel("q1")
+    assert waited.cancelled() and ex.cancelled == 1
+    await _settle()
+    assert _fates(conn) == {"q1": (2, "cancelled")}
+    assert (svc.busy, len(svc._running)) == (0, 0)
+
+
+async def test_a_runner_cancelled_while_its_executor_waits_cancels_it_through_the_runner() -> None:
+    ex = _WatchedExecutor()
+    svc = TaskService("ts", create_task_queue("fifo"), ex, slots=1, clock=_Clock())
+    conn = _Conn()
+    svc.submit(conn, _task("q1"))  # type: ignore[arg-type]
+    await _settle()  # the runner goes on with the started executor and waits with it
+    [waited] = ex.running
+    svc.cancel("q1")
+    await _settle()
+    assert waited.cancelled() and ex.cancelled == 1
+    assert _fates(conn) == {"q1": (2, "cancelled")}
+    assert (svc.busy, len(svc._running)) == (0, 0)
