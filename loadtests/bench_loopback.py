@@ -41,13 +41,18 @@ async def _sink() -> None:
     await asyncio.Event().wait()
 
 
+async def _connect(port: int, sockets: int) -> list[asyncio.Transport]:
+    """`sockets` connections to the loopback port."""
+    loop = asyncio.get_running_loop()
+    return [
+        (await loop.create_connection(asyncio.Protocol, "127.0.0.1", port))[0]
+        for _ in range(sockets)
+    ]
+
+
 async def _source(port: int, sockets: int, size: int) -> None:
     """Write `size`-byte messages round-robin to `sockets` connections, with short pauses."""
-    loop = asyncio.get_running_loop()
-    transports = []
-    for _ in range(sockets):
-        t, _ = await loop.create_connection(asyncio.Protocol, "127.0.0.1", port)
-        transports.append(t)
+    transports = await _connect(port, sockets)
     msg = b"x" * size
     while True:
         for t in transports:
@@ -66,12 +71,7 @@ async def writes(sockets: int, size: int, seconds: float, rounds: int) -> list[t
     sink = _helper("--serve-sink")
     try:
         assert sink.stdout is not None
-        port = int(sink.stdout.readline())
-        loop = asyncio.get_running_loop()
-        transports = []
-        for _ in range(sockets):
-            t, _ = await loop.create_connection(asyncio.Protocol, "127.0.0.1", port)
-            transports.append(t)
+        transports = await _connect(int(sink.stdout.readline()), sockets)
         msg = b"x" * size
         out = []
         for _ in range(rounds):
