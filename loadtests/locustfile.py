@@ -5,6 +5,7 @@
         --headless -u 8 -r 8 -t 60s --csv tailgate --only-summary            # closed loop
     locust -f loadtests/locustfile.py --host ... --headless -u 4 -t 60s --rate 40   # open loop
     locust -f loadtests/locustfile.py --host ... FanoutUser SaasUser         # choose mixes
+    TAILGATE_API_KEY=... locust -f loadtests/locustfile.py --host ...       # queries need a key
 
 Users (named on the command line to choose; with none named, only FanoutUser runs, the
 one mix plain `tailgate up` serves):
@@ -89,6 +90,13 @@ def _add_arguments(parser: Any) -> None:
         default=256,
         help="open loop: queries one user may have outstanding (256)",
     )
+    g.add_argument(
+        "--api-key",
+        default="",
+        env_var="TAILGATE_API_KEY",
+        help="sent as 'Authorization: Bearer KEY' with every request: a tenant's API key or "
+        "an admin token, for a gateway whose queries need one (none: queries are open)",
+    )
     g.add_argument("--fanout-pool", default="default", help="FanoutUser: pool (default)")
     g.add_argument(
         "--service-ms",
@@ -122,8 +130,14 @@ class _Gateway:
     """Pool -> servers registered, from GET /v1/servers."""
 
 
-def _get_json(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=5) as r:
+def _auth(environment: Environment) -> dict[str, str]:
+    """The Authorization header of --api-key (none without one)."""
+    key = str(getattr(environment.parsed_options, "api_key", "") or "")
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def _get_json(url: str, headers: dict[str, str]) -> Any:
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=5) as r:
         return json.loads(r.read())
 
 
@@ -143,8 +157,9 @@ def _learn_gateway(environment: Environment, **_: Any) -> None:
     """Fetch the classes' SLO targets and the pools' sizes (best effort)."""
     host = (environment.host or "").rstrip("/")
     try:
-        classes = _get_json(host + "/v1/classes")["classes"]
-        servers = _get_json(host + "/v1/servers")["servers"]
+        headers = _auth(environment)
+        classes = _get_json(host + "/v1/classes", headers)["classes"]
+        servers = _get_json(host + "/v1/servers", headers)["servers"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         log.warning("cannot read the gateway's classes and servers at %s: %s", host, exc)
         return
@@ -172,6 +187,7 @@ class TailgateUser(FastHttpUser):
         self.rate_per_s = float(getattr(opts, "rate", 0.0) or 0.0)
         self.in_flight = Pool(max(1, int(getattr(opts, "max_in_flight", 256))))
         self._next_at = time.monotonic()
+        self.headers = _auth(self.environment)
 
     def on_stop(self) -> None:
         """Abandon the open-loop queries still in flight."""
@@ -213,7 +229,9 @@ class TailgateUser(FastHttpUser):
     def send(self, name: str, body: dict[str, Any], label: str) -> None:
         """POST one query; record its HTTP outcome and its SLO outcome."""
         t0 = time.perf_counter()
-        with self.client.post("/v1/queries", json=body, name=name, catch_response=True) as resp:
+        with self.client.post(
+            "/v1/queries", json=body, name=name, headers=self.headers, catch_response=True
+        ) as resp:
             status = resp.status_code or 0
             try:
                 answer = resp.json() if status else None

@@ -34,21 +34,19 @@ LOCUSTFILE = REPO_ROOT / "loadtests" / "locustfile.py"
 LOCUST_TIMEOUT_S = 60
 
 
-@pytest.fixture(scope="module")
-def gateway_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """`tailgate up` with the SaaS classes, 2 task servers and 2 edge agents; stopped after."""
-    data = tmp_path_factory.mktemp("edge")
+@contextlib.contextmanager
+def tailgate_up(cwd: Path, *args: str, up_args: tuple[str, ...] = ()) -> Iterator[str]:
+    """`tailgate [args] up [up_args]` in `cwd` (its history store lands there); its URL
+    once it is up; stopped after."""
     port = free_port()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     for name in ("TAILGATE_CONFIG", "TAILGATE_AGENT_TOKEN", "TAILGATE_AGENT_TOKEN_FILE"):
         env.pop(name, None)
-    argv = [sys.executable, "-m", "deploy.cli", "--log-level", "WARNING"]
-    argv += ["--config", str(REPO_ROOT / "deploy" / "saas.toml"), "up", "--port", str(port)]
-    argv += ["--servers", "2", "--edge-agents", "2", "--edge-months", "1"]
-    argv += ["--edge-data", str(data)]
+    argv = [sys.executable, "-m", "deploy.cli", "--log-level", "WARNING", *args]
+    argv += ["up", "--port", str(port), *up_args]
     proc = subprocess.Popen(
         argv,
-        cwd=data,  # the gateway's history store lands here, not in the checkout
+        cwd=cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         env=env,
@@ -79,6 +77,16 @@ def gateway_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 proc.wait(5)
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+@pytest.fixture(scope="module")
+def gateway_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`tailgate up` with the SaaS classes, 2 task servers and 2 edge agents; stopped after."""
+    data = tmp_path_factory.mktemp("edge")
+    config = ("--config", str(REPO_ROOT / "deploy" / "saas.toml"))
+    edge = ("--servers", "2", "--edge-agents", "2", "--edge-months", "1", "--edge-data", str(data))
+    with tailgate_up(data, *config, up_args=edge) as url:
+        yield url
 
 
 def run_locust(url: str, csv_prefix: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -144,3 +152,30 @@ def test_open_loop_arrivals_keep_their_rate(gateway_url: str, tmp_path: Path) ->
         "fanout all (class B)",
     }  # the SaaS and pipeline users are opt-in
     assert [r for r in rows if int(r["Failure Count"])] == []
+
+
+def test_with_its_api_key_locust_loads_a_gateway_whose_queries_need_one(tmp_path: Path) -> None:
+    # A tenant's key makes queries need one (gateway.auth): without it every query is a
+    # 401 and Locust fails the run; with --api-key (or TAILGATE_API_KEY) the mix runs.
+    keys = tmp_path / "acme.keys"
+    keys.write_text("acme-locust-key-0123456789abcdef\n")
+    config = tmp_path / "keys.toml"
+    config.write_text(f'[tenants.acme]\napi_keys_file = "{keys}"\n')
+    with tailgate_up(tmp_path, "--config", str(config), up_args=("--servers", "2")) as url:
+        refused = run_locust(url, tmp_path / "nokey", "-u", "2", "-r", "2", "-t", "3s")
+        assert refused.returncode == 1, refused.stdout[-2000:] + refused.stderr[-2000:]
+        failures = [r for r in stats_rows(tmp_path / "nokey") if int(r["Failure Count"])]
+        assert failures and all(r["Type"] == "POST" for r in failures)
+        with open(f"{tmp_path / 'nokey'}_failures.csv", newline="") as f:
+            errors = [row["Error"] for row in csv.DictReader(f)]
+        # 401s, then 429 slowed_down: the gateway slows a client that keeps failing auth.
+        assert any("HTTP 401" in e for e in errors), errors
+        assert all("HTTP 401" in e or "HTTP 429 slowed_down" in e for e in errors), errors
+        keyed = run_locust(
+            url, tmp_path / "key", "-u", "2", "-r", "2", "-t", "3s",
+            "--api-key", "acme-locust-key-0123456789abcdef",
+        )  # fmt: skip
+        assert keyed.returncode == 0, keyed.stdout[-2000:] + keyed.stderr[-2000:]
+        rows = stats_rows(tmp_path / "key")
+        assert sum(int(r["Request Count"]) for r in rows if r["Type"] == "POST") > 0
+        assert [r for r in rows if int(r["Failure Count"])] == []
