@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import math
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
@@ -149,6 +150,8 @@ class LatencyCdf:
         x = np.asarray(samples_ms, dtype=np.float64).ravel()
         if not presorted:
             x = np.sort(x)
+        elif x.flags.writeable:
+            x = x.copy()  # the snapshot may keep it (its knots) read only: not the caller's
         n = x.size
         if n == 0:
             raise ValueError("samples_ms: need at least one sample, got none")
@@ -335,9 +338,9 @@ class _Row:
         self.slot = -1
         """The slot of its snapshot in the book's matrices (shared with rows of the same
         snapshot)."""
-        self.fresh: list[float] = []
+        self.fresh = array("d")
         """Online samples not yet written into the window: they are written at the next
-        refresh (or read of the window), all at once."""
+        refresh (or read of the window), all at once (8 bytes a sample, not a float object)."""
         self.fresh_pos = 0
         """The window position of fresh[0]."""
         self.seen = 0
@@ -375,7 +378,7 @@ class _Row:
             self._window = self._window.copy()
             self.shared = False
         if self.fresh:
-            fresh, self.fresh = self.fresh, []
+            fresh, self.fresh = self.fresh, array("d")
             window = self._window
             size = window.size
             k = len(fresh)
@@ -394,7 +397,7 @@ class _Row:
                         self.gone.append(window[start : start + first].copy())
                         if count > first:
                             self.gone.append(window[: count - first].copy())
-            _write_ring(window, self.fresh_pos, np.asarray(fresh, dtype=np.float64))
+            _write_ring(window, self.fresh_pos, np.frombuffer(fresh, dtype=np.float64))
             self.stored = min(self.stored + k, size)
         return self._window
 

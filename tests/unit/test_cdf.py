@@ -501,11 +501,9 @@ def test_a_refresh_keeps_the_window_sorted_as_a_full_sort_would(refresh_every: i
 def test_samples_without_ties_give_the_same_snapshot_either_way() -> None:
     # The no-ties path reads the levels cached for n; the general path derives them.
     x = np.random.default_rng(5).lognormal(0.0, 0.8, 2000)
-    fast = LatencyCdf.from_samples(np.sort(x), presorted=True)
-    tied = np.append(x[:-1], x[0])  # one tie: the general path
-    slow = LatencyCdf.from_samples(tied)
-    ref = LatencyCdf.from_samples(x[:-1])
-    assert slow.n == 2000 and fast.n == 2000 and ref.n == 1999
+    given = np.sort(x)
+    fast = LatencyCdf.from_samples(given, presorted=True)
+    assert fast.n == 2000 and given.flags.writeable  # the caller's array is left as it was
     xs = np.geomspace(0.05, 50.0, 200)
     again = LatencyCdf.from_samples(x)  # unsorted input, no ties
     np.testing.assert_array_equal(again.log_survival(xs), fast.log_survival(xs))
@@ -519,7 +517,6 @@ def test_samples_without_ties_give_the_same_snapshot_either_way() -> None:
     )
     assert fast.tail is not None
     assert fast.mean_ms() == pytest.approx(body + survival[-1] * fast.tail.mean_excess_ms())
-    assert slow.mean_ms() > 0 and ref.mean_ms() > 0
 
 
 def test_the_grid_holds_log_f_of_each_snapshot_kind(tailbench_dir: Path) -> None:
