@@ -38,7 +38,7 @@ from gateway.errors import ApiError
 from gateway.queries import QueryOutcome
 from gateway.requests import QueryRequest, RegisterRequest, Targets
 from gateway.service import GatewayService
-from loadtests.procs import ServerProcs, cpu_seconds
+from loadtests.procs import ServerProcs, cpu_seconds, io_syscalls
 from loadtests.tls_ca import ThrowawayCa
 from taskserver.heap import settle_heap
 from taskserver.tls import ClientAuth, TlsConfig, tls_argv
@@ -184,11 +184,13 @@ async def gateway_rate(
         await asyncio.gather(*(worker() for _ in range(concurrency)))  # warm-up
         queries = failures = 0
         cpu0 = cpu_seconds(os.getpid()), sum(cpu_seconds(p.pid) for p in sp.procs)
+        io0 = io_syscalls(os.getpid())
         start = time.perf_counter()
         stop_at = start + seconds
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         elapsed = time.perf_counter() - start
         cpu1 = cpu_seconds(os.getpid()), sum(cpu_seconds(p.pid) for p in sp.procs)
+        io1 = io_syscalls(os.getpid())
         await svc.stop()
         if failures:
             print(f"  ({failures} queries failed)")
@@ -203,7 +205,8 @@ async def gateway_rate(
         print(
             f"  CPU per task ({links}{', answers rendered' if render else ''}): "
             f"gateway {rate.gateway_cpu_us:.1f} µs, task servers {rate.servers_cpu_us:.1f} µs "
-            f"(user+system, from /proc)"
+            f"(user+system, from /proc); the gateway's socket calls per task: "
+            f"{(io1[0] - io0[0]) / tasks:.2f} reads, {(io1[1] - io0[1]) / tasks:.2f} writes"
         )
         return rate
 

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from loadtests.procs import cpu_seconds
+from loadtests.procs import cpu_seconds, io_syscalls
 from taskserver.spawn import tailgate_argv, taskserver_argv
 
 QUERY_CLASS = "C"
@@ -76,6 +76,8 @@ class Window:
     added_us: list[float]
     """Gateway-added latency of each answered query (dispatch_ms + merge_ms)."""
     client_us: list[float]
+    syscalls: tuple[int, int] = (0, 0)
+    """The gateway process's read and write system calls in the window (/proc/PID/io)."""
 
     @property
     def queries_per_s(self) -> float:
@@ -91,6 +93,12 @@ class Window:
     def cpu_per_query_us(self) -> float:
         """The gateway process's CPU per answered query."""
         return self.gateway_cpu_s / max(self.queries, 1) * 1e6
+
+    def syscalls_per_task(self) -> tuple[float, float]:
+        """The gateway's reads and writes per task of the queries answered: one of each per
+        task when no two tasks (or results) share a socket call."""
+        tasks = max(self.queries * self.fanout, 1)
+        return self.syscalls[0] / tasks, self.syscalls[1] / tasks
 
 
 class Gateway:
@@ -148,6 +156,12 @@ class Gateway:
         """The gateway process's CPU seconds so far."""
         assert self.proc is not None
         return cpu_seconds(self.proc.pid)
+
+    @property
+    def syscalls(self) -> tuple[int, int]:
+        """The gateway process's read and write system calls so far."""
+        assert self.proc is not None
+        return io_syscalls(self.proc.pid)
 
     async def __aexit__(self, *exc: object) -> None:
         for p in [*self.fleet, self.proc]:
@@ -221,11 +235,13 @@ async def closed_loop(gw: Gateway, fanout: int, clients: int, seconds: float) ->
         stop_at = time.perf_counter() + min(seconds / 4, 2.0)
         await asyncio.gather(*(client() for _ in range(clients)))  # warm-up
         rec = Recorder()
-        cpu0, start = gw.cpu_s, time.perf_counter()
+        (r0, w0), cpu0, start = gw.syscalls, gw.cpu_s, time.perf_counter()
         stop_at = start + seconds
         await asyncio.gather(*(client() for _ in range(clients)))
         elapsed, cpu = time.perf_counter() - start, gw.cpu_s - cpu0
-    return Window(elapsed, len(rec.added_us), rec.failed, fanout, cpu, rec.added_us, rec.client_us)
+        r1, w1 = gw.syscalls
+    return Window(elapsed, len(rec.added_us), rec.failed, fanout, cpu, rec.added_us, rec.client_us,
+                  (r1 - r0, w1 - w0))  # fmt: skip
 
 
 async def open_loop(
@@ -315,9 +331,11 @@ async def main_async(args: argparse.Namespace) -> None:
             f"{_pct(w.client_us, 50):>6.0f} / {_pct(w.client_us, 99):>6.0f}"
         )
         if w.queries:
+            reads, writes = w.syscalls_per_task()
             print(
                 f"  (gateway CPU per task {w.cpu_per_query_us / args.fanout:.1f} µs; "
-                f"mean added {statistics.fmean(w.added_us):.0f} µs)"
+                f"mean added {statistics.fmean(w.added_us):.0f} µs; socket calls per task: "
+                f"{reads:.2f} reads, {writes:.2f} writes, HTTP's included)"
             )
         if args.sweep:
             best = await sweep(gw, args.sweep_fanout, args.sweep_start, args.sweep_factor,

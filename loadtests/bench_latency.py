@@ -34,7 +34,7 @@ import time
 
 import aiohttp
 
-from loadtests.procs import ServerProcs, cpu_seconds
+from loadtests.procs import ServerProcs, cpu_seconds, io_syscalls
 
 
 def _pct(xs: list[float], p: float) -> float:
@@ -82,7 +82,7 @@ async def measure(fanout: int, queries: int) -> dict[str, float]:
             client: list[float] = []
             for i in range(queries + 200):
                 if i == 200:
-                    cpu0 = cpu_seconds(gw.pid)
+                    cpu0, io0 = cpu_seconds(gw.pid), io_syscalls(gw.pid)
                 t0 = time.perf_counter()
                 async with http.post(url + "/v1/queries", json=q) as r:
                     ans = await r.json()
@@ -97,6 +97,7 @@ async def measure(fanout: int, queries: int) -> dict[str, float]:
                 client.append(elapsed_us)
                 await asyncio.sleep(0.001)
             cpu_us = (cpu_seconds(gw.pid) - cpu0) / queries * 1e6
+            io1 = io_syscalls(gw.pid)
     finally:
         gw.send_signal(signal.SIGTERM)
         await gw.wait()
@@ -110,6 +111,10 @@ async def measure(fanout: int, queries: int) -> dict[str, float]:
         "cpu": cpu_us,
         "dispatch_p50": statistics.median(d for d, _ in parts),
         "merge_p50": statistics.median(m for _, m in parts),
+        # The gateway's socket calls per task (HTTP's included): the floor under a task when
+        # no two tasks share a call, as one query at a time gives.
+        "reads": (io1[0] - io0[0]) / (queries * fanout),
+        "writes": (io1[1] - io0[1]) / (queries * fanout),
     }
 
 
@@ -123,7 +128,10 @@ async def main_async(args: argparse.Namespace) -> None:
             f"{m['cpu']:>9.0f}       {m['internal_p50']:>5.0f} / {m['internal_p99']:>5.0f}   "
             f"{m['client_p50']:>8.0f} / {m['client_p99']:>5.0f}"
         )
-        print(f"{'':>16}(dispatch {m['dispatch_p50']:.0f} + merge {m['merge_p50']:.0f} at p50)")
+        print(
+            f"{'':>16}(dispatch {m['dispatch_p50']:.0f} + merge {m['merge_p50']:.0f} at p50; "
+            f"socket calls per task {m['reads']:.2f} reads, {m['writes']:.2f} writes)"
+        )
 
 
 def main() -> None:

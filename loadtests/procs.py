@@ -11,9 +11,17 @@ from collections.abc import Sequence
 
 from taskserver.spawn import taskserver_argv
 
+# A task server's start is mostly its imports, about a second of CPU; N of them started
+# together share the cores, so on a 2-core host 100 servers announce after 40-55 s.
+START_S = 30.0
+START_S_PER_SERVER = 1.0
+
 
 class ServerProcs:
-    """N task server processes on free loopback ports; an async context manager."""
+    """N task server processes on free loopback ports; an async context manager.
+
+    The servers exit with this process (PR_SET_PDEATHSIG), and a start that fails (a server
+    that exits, or the start deadline passing) stops the ones already started."""
 
     def __init__(self, n: int, extra_args: Sequence[str] = (), prefix: str = "ts") -> None:
         self.n = n
@@ -23,21 +31,39 @@ class ServerProcs:
         self.addresses: dict[str, str] = {}
 
     async def __aenter__(self) -> ServerProcs:
+        try:
+            await self._start()
+        except BaseException:
+            await self.__aexit__()
+            raise
+        return self
+
+    async def _start(self) -> None:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        for i in range(self.n):
-            sid = f"{self.prefix}-{i + 1}"
+        ids = [f"{self.prefix}-{i + 1}" for i in range(self.n)]
+        for sid in ids:
             p = await asyncio.create_subprocess_exec(
-                *taskserver_argv(sid, extra_args=self.extra_args),
+                *taskserver_argv(sid, exit_with_parent=True, extra_args=self.extra_args),
                 stdout=asyncio.subprocess.PIPE,
                 env=env,
             )
             self.procs.append(p)
-        for p in self.procs:
-            assert p.stdout is not None
-            line = await asyncio.wait_for(p.stdout.readline(), 20)
-            info = json.loads(line)
-            self.addresses[info["server_id"]] = info["address"]
-        return self
+        limit_s = START_S + START_S_PER_SERVER * self.n
+        try:
+            async with asyncio.timeout(limit_s):
+                for sid, p in zip(ids, self.procs, strict=True):
+                    assert p.stdout is not None
+                    line = await p.stdout.readline()
+                    if not line:
+                        code = await p.wait()
+                        raise RuntimeError(f"task server {sid} exited ({code}) before it listened")
+                    info = json.loads(line)
+                    self.addresses[info["server_id"]] = info["address"]
+        except TimeoutError:
+            raise RuntimeError(
+                f"{self.n - len(self.addresses)} of {self.n} task servers had not announced "
+                f"their address after {limit_s:g} s"
+            ) from None
 
     async def __aexit__(self, *exc: object) -> None:
         for p in self.procs:
@@ -56,3 +82,15 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def io_syscalls(pid: int) -> tuple[int, int]:
+    """Read and write system calls a process has made so far (Linux /proc/PID/io: syscr,
+    syscw). Socket reads and writes through read(2)/write(2)/writev(2), as the event loop
+    makes them, are counted; recvmsg/sendmsg are not."""
+    fields = {}
+    with open(f"/proc/{pid}/io") as f:
+        for line in f:
+            name, _, value = line.partition(":")
+            fields[name] = int(value)
+    return fields["syscr"], fields["syscw"]
