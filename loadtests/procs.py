@@ -86,8 +86,9 @@ def cpu_seconds(pid: int) -> float:
 
 def io_syscalls(pid: int) -> tuple[int, int]:
     """Read and write system calls a process has made so far (Linux /proc/PID/io: syscr,
-    syscw). Socket reads and writes through read(2)/write(2)/writev(2), as the event loop
-    makes them, are counted; recvmsg/sendmsg are not."""
+    syscw). uvloop reads and writes sockets with read(2), write(2) and writev(2), which are
+    counted; send/recv and sendmsg/recvmsg (asyncio's own loop, Python's socket methods)
+    are not."""
     fields = {}
     with open(f"/proc/{pid}/io") as f:
         for line in f:

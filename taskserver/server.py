@@ -136,7 +136,7 @@ def _stop_suspended(inbound: _Inbound) -> None:
         waiting_on.cancel()
     try:
         coro.throw(asyncio.CancelledError())
-    except (StopIteration, Exception, asyncio.CancelledError):
+    except (Exception, asyncio.CancelledError):  # StopIteration included
         return  # it ended (as a cancelled executor does)
     coro.close()  # it went on waiting regardless: stop it there
 
@@ -415,13 +415,17 @@ class TaskService:
         if isinstance(exc, ExecutorError):
             return TaskStatus.FAILED, str(exc)
         if isinstance(exc, asyncio.CancelledError):
-            # Given up by a drain or a stop: REJECTED, so the gateway may retry elsewhere.
-            if self._stop_reason:
-                return TaskStatus.REJECTED, self._stop_reason
-            return TaskStatus.CANCELLED, "cancelled"
+            return self._cancelled()
         # An executor bug must not kill the server.
         log.error("executor failed on task %s/%s", task.query_id, task.task_index, exc_info=exc)
         return TaskStatus.FAILED, f"internal error: {exc!r}"
+
+    def _cancelled(self) -> tuple[TaskStatus, str]:
+        """The status and error of a task stopped while it ran: REJECTED when given up by a
+        drain or a stop (so the gateway may retry it elsewhere), else CANCELLED."""
+        if self._stop_reason:
+            return TaskStatus.REJECTED, self._stop_reason
+        return TaskStatus.CANCELLED, "cancelled"
 
     async def _run(
         self,
@@ -621,11 +625,7 @@ class TaskService:
         del self._running[runner]
         self.busy -= 1
         _stop_suspended(inbound)
-        status, error = (
-            (TaskStatus.REJECTED, self._stop_reason)
-            if self._stop_reason
-            else (TaskStatus.CANCELLED, "cancelled")
-        )
+        status, error = self._cancelled()
         now = self.clock()
         self._send(
             inbound.conn, inbound.task, status, inbound.received_s, now, 0.0, False, error=error
