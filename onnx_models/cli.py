@@ -94,6 +94,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=1,
         help="intra-op threads, as the serving session uses (1: one worker per core)",
     )
+    p.add_argument(
+        "--neighbours",
+        type=_integer(0),
+        default=0,
+        help="CPU only: processes that run the pipeline's modules beside the timed session "
+        "for the whole measurement, as the other workers of a scaled-out pipeline share the "
+        "host (0: a quiet host)",
+    )
     p.set_defaults(func=cmd_profile)
     return p
 
@@ -133,6 +141,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
             providers=args.provider,
             intra_op_threads=args.threads,
             rounds=args.rounds,
+            neighbours=args.neighbours,
             progress=lambda line: print(f"  {line}", file=sys.stderr, flush=True),
         )
         profile.write(out)
@@ -162,12 +171,21 @@ def format_table(profile: Any, out: TextIO) -> None:
         f"({profile.rounds} interleaved rounds) after {profile.warmup} warm-up",
         file=out,
     )
-    if profile.cpu_share is not None:
+    neighbours = getattr(profile, "neighbours", 0)
+    if neighbours:
         print(
-            f"the profiler had {profile.cpu_share:.0%} of its threads' time "
-            "(below ~90%: other work competed for the cores; profile again on a quiet host)",
+            f"timed beside {neighbours} busy neighbour{'s' if neighbours != 1 else ''} "
+            "(processes running the pipeline's modules: the host as a scaled-out pipeline "
+            "shares it)",
             file=out,
         )
+    if profile.cpu_share is not None:
+        advice = (
+            "(below ~90%: the neighbours left it short of a core)"
+            if neighbours
+            else "(below ~90%: other work competed for the cores; profile again on a quiet host)"
+        )
+        print(f"the profiler had {profile.cpu_share:.0%} of its threads' time {advice}", file=out)
     columns = ("batch", 5), ("p50 ms", 9), ("p95 ms", 9), ("req/s", 9), ("gain", 6), ("eff", 5)
     header = f"{'module':<28} " + " ".join(f"{name:>{width}}" for name, width in columns)
     print(header, file=out)

@@ -129,6 +129,9 @@ class Profile:
     """Process CPU time / (wall time x threads) over the timed runs on a CPU provider: near
     1.0 when the host left the cores to the profiler, lower when other work competed."""
     created_utc: str = ""
+    neighbours: int = 0
+    """Sessions of this pipeline's modules that ran beside the timed one, each in a process
+    of its own, busy for the whole measurement (`profile_pipeline`): 0 for a quiet host."""
     _by_id: Mapping[int, ModuleProfile] = field(init=False, repr=False, compare=False)
     _by_name: Mapping[str, ModuleProfile] = field(init=False, repr=False, compare=False)
 
@@ -210,6 +213,7 @@ class Profile:
                 "repeats": self.repeats,
                 "rounds": self.rounds,
                 "cpu_share": None if self.cpu_share is None else round(self.cpu_share, 3),
+                "neighbours": self.neighbours,
                 "timer": "wall time of InferenceSession.run on a seeded random input, in ms",
             },
             "modules": [
@@ -283,6 +287,7 @@ def profile_pipeline(
     rounds: int = 5,
     seed: int = 0,
     progress: Callable[[str], None] | None = None,
+    neighbours: int = 0,
 ) -> Profile:
     """Measure d_k(b) of every module at each batch size (the spec's, unless given).
 
@@ -294,6 +299,14 @@ def profile_pipeline(
     `intra_op_threads` defaults to 1: one worker per core, as PARD runs one worker per GPU.
     A single-threaded run also stays stable beside other processes, where a parallel
     section waits for its slowest thread; give the threads the serving session will use.
+
+    `neighbours` (CPU only) starts that many processes first, each running every module of
+    the pipeline in turn at each batch size, with the same intra-op threads, for the whole
+    measurement: the timed session then shares the host as a worker shares it with the other
+    workers of a scaled-out pipeline (cores, caches, memory bandwidth, clock). PARD profiles
+    a worker on a device of its own (§4.2); where workers share one CPU, d_k(b) measured on
+    a quiet host is what one worker alone achieves, not what each of N achieves together.
+    This option goes beyond the paper; the profile records the count.
     """
     import onnxruntime as ort
 
@@ -304,7 +317,11 @@ def profile_pipeline(
         )
     if batch_sizes is not None and (not batch_sizes or min(batch_sizes) < 1):
         raise ProfileError(f"batch sizes: must be positive, got {list(batch_sizes)}")
+    if neighbours < 0:
+        raise ProfileError(f"neighbours: must be >= 0, got {neighbours}")
     chosen = resolve_providers(providers)
+    if neighbours and chosen[0] != CPU:
+        raise ProfileError("neighbours: only on the CPU provider (workers sharing one CPU)")
     threads = intra_op_threads
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
@@ -327,22 +344,16 @@ def profile_pipeline(
         for batch in sorted(set(batch_sizes or m.batch_sizes)):
             feed = {input_name: _random_input(rng, (batch, *shape), dtype)}
             cells.append(_Cell(m, batch, session, feed))
-    for cell in cells:
-        cell.run(warmup, timed=False)
-    rounds = min(rounds, repeats)
-    cpu_s = wall_s = 0.0
-    for r in range(rounds):
-        runs = repeats // rounds + (1 if r < repeats % rounds else 0)
+    load = _Neighbours(cells, threads, neighbours)
+    try:
+        load.start()
         for cell in cells:
-            # One untimed run first: it lets the previous cell's session threads stop
-            # spinning and brings this model's weights back into the caches.
-            cell.run(1, timed=False)
-            cpu0, wall0 = time.process_time(), time.perf_counter()
-            cell.run(runs, timed=True)
-            cpu_s += time.process_time() - cpu0
-            wall_s += time.perf_counter() - wall0
-        if progress is not None:
-            progress(f"round {r + 1}/{rounds}: {len(cells)} module x batch cells")
+            cell.run(warmup, timed=False)
+        rounds = min(rounds, repeats)
+        cpu_s, wall_s = _timed_rounds(cells, repeats, rounds, progress)
+        load.check()
+    finally:
+        load.stop()
     modules = []
     for m in spec.modules:
         modules.append(
@@ -372,7 +383,143 @@ def profile_pipeline(
         rounds=rounds,
         cpu_share=cpu_s / (wall_s * threads) if CUDA not in used else None,
         created_utc=dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        neighbours=neighbours,
     )
+
+
+def _timed_rounds(
+    cells: list[_Cell], repeats: int, rounds: int, progress: Callable[[str], None] | None
+) -> tuple[float, float]:
+    """Time every cell in `rounds` interleaved passes; the profiler's CPU and wall time."""
+    cpu_s = wall_s = 0.0
+    for r in range(rounds):
+        runs = repeats // rounds + (1 if r < repeats % rounds else 0)
+        for cell in cells:
+            # One untimed run first: it lets the previous cell's session threads stop
+            # spinning and brings this model's weights back into the caches.
+            cell.run(1, timed=False)
+            cpu0, wall0 = time.process_time(), time.perf_counter()
+            cell.run(runs, timed=True)
+            cpu_s += time.process_time() - cpu0
+            wall_s += time.perf_counter() - wall0
+        if progress is not None:
+            progress(f"round {r + 1}/{rounds}: {len(cells)} module x batch cells")
+    return cpu_s, wall_s
+
+
+class _Neighbours:
+    """`count` processes that keep the pipeline's sessions busy while the profiler times."""
+
+    START_S = 120.0
+
+    def __init__(self, cells: list[_Cell], threads: int, count: int) -> None:
+        # (model file, input name, batch shape, dtype): the timed cells, as picklable jobs
+        self.jobs = [
+            (str(c.module.model), name, array.shape, array.dtype.str)
+            for c in cells
+            for name, array in c.feed.items()
+        ]
+        self.threads, self.count = threads, count
+        self.procs: list[Any] = []
+        self.stop_event: Any = None
+        self.errors: Any = None
+        self.runs: Any = None
+        """Runs the neighbours completed (a shared counter), to show they were busy."""
+
+    def start(self) -> None:
+        if not self.count:
+            return
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")  # never a fork of a process with sessions
+        self.stop_event, self.errors = ctx.Event(), ctx.Queue()
+        self.runs = ctx.Value("q", 0)
+        ready = ctx.Barrier(self.count + 1)
+        for i in range(self.count):
+            proc = ctx.Process(
+                target=_neighbour_main,
+                args=(self.jobs, self.threads, i, ready, self.stop_event, self.errors, self.runs),
+                daemon=True,
+                name=f"profile-neighbour-{i}",
+            )
+            proc.start()
+            self.procs.append(proc)
+        try:
+            ready.wait(self.START_S)
+        except Exception:  # threading.BrokenBarrierError: one failed or timed out
+            self.check(wait_s=5.0)  # a failed one aborts the barrier as it reports
+            raise ProfileError(
+                f"neighbours: {self.count} did not start within {self.START_S:.0f} s"
+            ) from None
+
+    def check(self, wait_s: float = 0.0) -> None:
+        """Raise the first neighbour's error (waiting up to `wait_s` for one on its way),
+        or name one that exited while it was needed."""
+        if not self.count:
+            return
+        try:
+            error = self.errors.get(timeout=wait_s) if wait_s else self.errors.get_nowait()
+        except Exception:  # queue.Empty
+            error = None
+        if error is not None:
+            raise ProfileError(f"neighbours: {error}")
+        dead = [p.name for p in self.procs if not p.is_alive()]
+        if dead:
+            raise ProfileError(f"neighbours: {', '.join(dead)} exited during the measurement")
+
+    def stop(self) -> None:
+        if self.stop_event is not None:
+            self.stop_event.set()
+        for proc in self.procs:
+            proc.join(10.0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        if self.errors is not None:
+            self.errors.close()
+            self.errors.join_thread()
+
+
+def _neighbour_main(
+    jobs: list[tuple[str, str, tuple[int, ...], str]],
+    threads: int,
+    index: int,
+    ready: Any,
+    stop: Any,
+    errors: Any,
+    runs: Any,
+) -> None:
+    """A neighbour: load every module's session, then run the jobs in turn until stopped."""
+    try:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.log_severity_level = 3
+        rng = np.random.default_rng(1000 + index)
+        sessions: dict[str, Any] = {}
+        work = []
+        for model, name, shape, dtype in jobs:
+            if model not in sessions:
+                sessions[model] = ort.InferenceSession(model, options, providers=[CPU])
+            work.append((sessions[model], {name: _random_input(rng, shape, np.dtype(dtype))}))
+        order = rng.permutation(len(work))  # neighbours out of step with each other
+    except Exception as exc:  # onnxruntime's exception types are not exported
+        errors.put(f"neighbour {index}: {exc}")
+        ready.abort()
+        return
+    try:
+        ready.wait()
+    except Exception:  # threading.BrokenBarrierError: another neighbour failed to start
+        return
+    while not stop.is_set():
+        for k in order:
+            session, feed = work[k]
+            session.run(None, feed)
+            with runs.get_lock():
+                runs.value += 1
+            if stop.is_set():
+                break
 
 
 class _Cell:
@@ -577,4 +724,15 @@ def _parse(data: Any, w: _Where) -> Profile:
             else None
         ),
         created_utc=str(data.get("created_utc", "")),
+        neighbours=(
+            _count(w.get(method, "neighbours", int, "method.neighbours"), w, "method.neighbours")
+            if "neighbours" in method
+            else 0
+        ),
     )
+
+
+def _count(value: int, w: _Where, field_path: str) -> int:
+    if value < 0:
+        raise w.error(field_path, f"must be >= 0, got {value}")
+    return value

@@ -7,8 +7,10 @@ import base64
 import dataclasses
 import json
 import shutil
+import time
 from pathlib import Path
 
+import numpy as np
 import onnxruntime as ort
 import pytest
 
@@ -345,3 +347,64 @@ def test_profile_command_on_an_invalid_spec_exits_2(
 def test_profile_command_without_cuda_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["profile", "traffic", "--provider", "cuda"]) == 2
     assert "CUDAExecutionProvider not available" in capsys.readouterr().err
+
+
+# --- beside busy neighbours ------------------------------------------------------------
+
+
+def test_neighbours_run_the_pipeline_while_the_profile_is_timed() -> None:
+    from onnx_models.profile import _Cell, _Neighbours
+
+    spec = load_pipeline(pipeline_path("traffic"))
+    session = ort.InferenceSession(str(spec.modules[0].model), providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    cells = [_Cell(spec.modules[0], 1, session, {name: np.zeros((1, 3, 224, 224), np.float32)})]
+    load = _Neighbours(cells, threads=1, count=2)
+    assert load.jobs == [(str(spec.modules[0].model), name, (1, 3, 224, 224), "<f4")]
+    try:
+        load.start()  # returns once both have loaded their sessions
+        deadline = time.monotonic() + 30.0
+        while load.runs.value < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        load.check()
+        assert load.runs.value >= 4
+    finally:
+        load.stop()
+    assert [p.exitcode for p in load.procs] == [0, 0]
+
+
+def test_a_neighbour_that_cannot_load_is_named_and_none_is_left(tmp_path: Path) -> None:
+    from onnx_models.profile import _Cell, _Neighbours
+
+    spec = load_pipeline(pipeline_path("traffic"))
+    bad = tmp_path / "broken.onnx"
+    bad.write_bytes(b"not a model")
+    module = dataclasses.replace(spec.modules[0], model=bad)
+    cell = _Cell(module, 1, None, {"x": np.zeros((1, 4), np.float32)})
+    load = _Neighbours([cell], threads=1, count=2)
+    with pytest.raises(ProfileError, match=r"neighbours: neighbour \d: .*broken\.onnx"):
+        try:
+            load.start()
+        finally:
+            load.stop()
+    assert all(not p.is_alive() for p in load.procs)
+
+
+def test_profile_beside_neighbours_records_them(tmp_path: Path) -> None:
+    import multiprocessing
+
+    spec = load_pipeline(pipeline_path("traffic"))
+    profile = profile_pipeline(spec, batch_sizes=[1], providers="cpu", neighbours=1, **FAST)
+    assert profile.neighbours == 1
+    assert multiprocessing.active_children() == []
+    again = load_profile(profile.write(tmp_path / "p.json"))
+    assert again.neighbours == 1
+    doc = json.loads((tmp_path / "p.json").read_text())
+    assert doc["method"]["neighbours"] == 1
+    del doc["method"]["neighbours"]  # a profile from before the option: a quiet host
+    assert load_profile(_write(tmp_path, doc)).neighbours == 0
+    doc["method"]["neighbours"] = -1
+    with pytest.raises(ProfileError, match=r"method\.neighbours: must be >= 0, got -1"):
+        load_profile(_write(tmp_path, doc))
+    with pytest.raises(ProfileError, match="neighbours: must be >= 0, got -1"):
+        profile_pipeline(spec, neighbours=-1)
