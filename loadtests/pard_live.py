@@ -101,7 +101,7 @@ from loadtests.sim.pipeline import DROPPED, LATE, ON_TIME, simulate_pipeline
 from loadtests.sim.pipeline_model import SimConfig
 from loadtests.sim.traces import MIN_DURATION_S, TRACE_ALIASES, TRACE_NAMES, make_trace
 from onnx_models.pipeline_config import pipeline_config
-from onnx_models.profile import CPU, CUDA, Profile, device_name
+from onnx_models.profile import CPU, CUDA, Profile, ProfileError, device_name
 from onnx_models.spec import load_pipeline, pipeline_path
 from taskserver.abc import ExecutorError, TaskDropped
 from taskserver.pard import ScalingConfig, StatePlanner, create_dropper
@@ -174,7 +174,13 @@ def plan_live(
     profile_path = (
         Path(profile) if profile is not None else spec_path.with_name(f"{spec.name}.profile.json")
     )
-    plan = plan_setup(spec_path, profile_path, 1)  # SLO, b_k and mu_k; its rate is not ours
+    try:
+        plan = plan_setup(spec_path, profile_path, 1)  # SLO, b_k and mu_k; its rate is not ours
+    except ProfileError as exc:  # b_k (Nexus's rule) needs d_k at every feasible size
+        raise ValueError(
+            f"--profile {profile_path}: {exc}: profile every batch size the pipeline runs "
+            "(onnx_models profile without --batch-sizes)"
+        ) from exc
     first = workers.min_workers if isinstance(workers, ScalingConfig) else workers
     if isinstance(workers, ScalingConfig):
         reach = _reach(plan.worker_rps, first, workers.max_workers, workers.total_workers)
@@ -397,6 +403,7 @@ async def replay_live(
         cpu_s=cpu_s,
         loop_cpu_s=loop_s,
         cpus=usable_cpus(),
+        lateness_by_second=_p99_by_second(arrivals, rec.late_s, seconds),
     )
     overhead = _overhead(
         ex, rec, arrivals, sum(d[0] for d in delta.values()), ex.exchange_s - exchange0
@@ -425,6 +432,15 @@ def _overhead(
         e2e_s=float(np.nansum(e2e)),
         requests=len(arrivals),
         exchange_s=exchange_s,
+    )
+
+
+def _p99_by_second(arrivals_s: np.ndarray, late_s: np.ndarray, seconds: float) -> tuple[float, ...]:
+    """p99 of `late_s` over the requests arriving in each whole second (0.0 for none)."""
+    second = arrivals_s.astype(int)
+    return tuple(
+        float(np.percentile(late_s[second == t], 99)) if (second == t).any() else 0.0
+        for t in range(int(seconds))
     )
 
 

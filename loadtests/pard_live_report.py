@@ -150,6 +150,9 @@ class Validity:
     loop_cpu_s: float
     """CPU time of the event loop's thread (driver, decisions, routing)."""
     cpus: int
+    lateness_by_second: tuple[float, ...] = ()
+    """p99 lateness (s) of the requests of each second of the trace (0 where none arrived):
+    whether the driver fell behind in the bursts or all along."""
 
     @property
     def valid(self) -> bool:
@@ -363,6 +366,7 @@ def write_report(
             "lateness p99 ms",
             "max ms",
             "bound ms",
+            "seconds over the bound",
             "process CPU (cores)",
             "loop CPU",
             "sessions ran on",
@@ -374,6 +378,12 @@ def write_report(
                 f"{v.lateness_p99_s * 1e3:.2f}",
                 f"{v.lateness_max_s * 1e3:.2f}",
                 f"{v.bound_s * 1e3:.2f}",
+                (
+                    f"{sum(x > v.bound_s for x in v.lateness_by_second)} of "
+                    f"{len(v.lateness_by_second)}"
+                    if v.lateness_by_second
+                    else "-"
+                ),
                 f"{v.cores:.2f} of {v.cpus}",
                 f"{v.loop_cpu_s / v.wall_s:.0%}" if v.wall_s else "-",
                 r.snapshot.get("provider", "?"),
@@ -463,7 +473,10 @@ def write_report(
                 "## Validity of the live runs\n\nThe driver's lateness: when it sent each "
                 "request against its trace time. Process CPU: all threads of the replay's "
                 "process and of its worker processes over the replay's wall time; loop CPU: "
-                "the event loop's thread (driver, decisions, routing).\n\n" + validity,
+                "the event loop's thread (driver, decisions, routing). Seconds over the bound: "
+                "the seconds of the trace whose requests' p99 lateness exceeded it "
+                "(`lateness_over_time.csv`: each second's p99 beside the offered rate).\n\n"
+                + validity,
                 "## Decision overhead, live\n\nPARD's decision calls (DEPQ push, planner "
                 "context, form_batch, the recheck's decide) per request, summed over modules, "
                 "against its end-to-end latency (trace time to answer): mean and p99 over the "
@@ -571,6 +584,25 @@ def _write_csvs(
             for t in range(int(trace.duration_s))
         ],
     )
+    lates = [r for r in results if r.validity.lateness_by_second]
+    if lates:
+        write_csv(
+            out / "lateness_over_time.csv",
+            ["second", "offered", *(f"{r.policy}:p99_ms" for r in lates)],
+            [
+                [
+                    t,
+                    int(offered[t]) if t < len(offered) else 0,
+                    *(
+                        round(r.validity.lateness_by_second[t] * 1e3, 3)
+                        if t < len(r.validity.lateness_by_second)
+                        else ""
+                        for r in lates
+                    ),
+                ]
+                for t in range(int(trace.duration_s))
+            ],
+        )
     write_csv(
         out / "workers_over_time.csv",
         ["policy", "side", "time_s", *modules],

@@ -45,6 +45,17 @@ def test_live_and_simulated_sides_run_the_same_requests_with_scaling(
         .read_text()
         .startswith("second,offered,pard:live,pard:sim,none:live,none:sim")
     )
+    with (out / "lateness_over_time.csv").open(encoding="utf-8") as f:
+        late = list(csv.DictReader(f))
+    assert [int(r["second"]) for r in late] == list(range(5))
+    assert sum(int(r["offered"]) for r in late) == n
+    for policy in ("pard", "none"):
+        by_second = [float(r[f"{policy}:p99_ms"]) for r in late]
+        assert all(x >= 0.0 for x in by_second)
+        # the run's p99 lies within the range of its seconds' p99s
+        p99 = float(rows[(policy, "live")]["lateness_p99_ms"])
+        assert min(by_second) - 1e-3 <= p99 <= max(by_second) + 1e-3
+    assert "| seconds over the bound |" in text
     for png in ("goodput_over_time.png", "workers_over_time.png"):
         assert (out / png).stat().st_size > 0
     printed = capsys.readouterr().out
@@ -74,6 +85,24 @@ def test_bad_arguments_exit_non_zero_with_a_clear_message(
         main([*args, "--out", str(tmp_path / "never")])
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
+    assert not (tmp_path / "never").exists()
+
+
+def test_a_profile_without_the_pipelines_batch_sizes_is_refused_before_any_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from onnx_models.profile import profile_pipeline
+    from onnx_models.spec import load_pipeline, pipeline_path
+
+    spec = load_pipeline(pipeline_path("traffic"))
+    short = profile_pipeline(spec, batch_sizes=[1, 2], providers="cpu", warmup=0, repeats=1)
+    path = short.write(tmp_path / "short.json")
+    with pytest.raises(SystemExit) as exc:
+        main(["--profile", str(path), "--out", str(tmp_path / "never")])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"--profile {path}: object_detection (id 1): batch 32 is outside" in err
+    assert "profile every batch size the pipeline runs" in err
     assert not (tmp_path / "never").exists()
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from loadtests.pard_live import live_config, plan_live, sim_config
@@ -87,3 +88,15 @@ def test_workers_over_time_are_a_step_function_over_the_trace() -> None:
     side = _side("live", 900, 100)
     assert side.workers_peak("1") == 3
     assert side.workers_mean("1") == pytest.approx((1 * 5 + 3 * 5) / 10)
+
+
+def test_lateness_p99_by_second_groups_requests_by_their_arrival_second() -> None:
+    from loadtests.pard_live import _p99_by_second
+
+    arrivals = np.array([0.1, 0.2, 0.9, 2.5, 2.6])
+    late = np.array([0.001, 0.002, 0.010, 0.004, 0.0])
+    got = _p99_by_second(arrivals, late, 4.0)
+    assert len(got) == 4
+    assert got[0] == pytest.approx(np.percentile([0.001, 0.002, 0.010], 99))
+    assert got[1] == 0.0 and got[3] == 0.0  # no arrivals in those seconds
+    assert got[2] == pytest.approx(np.percentile([0.004, 0.0], 99))
