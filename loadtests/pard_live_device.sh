@@ -32,7 +32,11 @@
 #
 # About 7-8 minutes in all. LIVE_S (20), CUDA_S (15), LOAD (0.8: the mean rate over what the
 # scaled-out pipeline serves), REPEATS (20) and CUDA_RATE (400 req/s) change the sizes;
-# CUDA=0 skips step 4 (a dry run on a host without a GPU); BUDGET_S (540) bounds the whole.
+# NEIGHBOURS (0) takes the CPU profiles beside that many busy sessions of the pipeline
+# (`onnx_models profile --neighbours`: d_k(b) as the scaled-out workers share the host);
+# CUDA=0 skips step 4 (a dry run on a host without a GPU); STEPS (234) names the steps that run
+# after the host's (STEPS=4: the CUDA step alone, on a host whose CPU runs are done);
+# BUDGET_S (540) bounds the whole.
 # Exits non-zero when a step failed; the later steps run anyway.
 set -uo pipefail
 OUTDIR=${1:?usage: bash loadtests/pard_live_device.sh OUTDIR}
@@ -45,7 +49,10 @@ CUDA_S=${CUDA_S:-15}
 LOAD=${LOAD:-0.8}
 REPEATS=${REPEATS:-20}
 CUDA_RATE=${CUDA_RATE:-400}
+NEIGHBOURS=${NEIGHBOURS:-0}
 BUDGET_S=${BUDGET_S:-540}
+STEPS=${STEPS:-234}
+[[ ${CUDA:-1} == 0 ]] && STEPS=${STEPS//4/}
 status=0
 step() { echo "== $*  ($SECONDS s in)"; }
 # A step's time limit: its own, or what is left of BUDGET_S if less (a hung step cannot
@@ -60,6 +67,9 @@ step "1. host"
 {
     echo "cores usable: $("$PY" -c 'import os; print(len(os.sched_getaffinity(0)))')"
     grep -m1 "model name" /proc/cpuinfo || true
+    # hardware threads per core: sessions on sibling threads of one core share its units
+    grep -m1 -E "^siblings" /proc/cpuinfo || true
+    grep -m1 -E "^cpu cores" /proc/cpuinfo || true
     nvidia-smi -L || true
     "$PY" -c 'import onnxruntime as o, platform
 print("onnxruntime", o.__version__, o.get_available_providers(), platform.python_version())'
@@ -67,37 +77,44 @@ print("onnxruntime", o.__version__, o.get_available_providers(), platform.python
 print("worker mode auto on the CPU here:", resolve_worker_mode("auto", [CPU], usable_cpus()))'
 } 2>&1 | tee "$OUTDIR/host.txt"
 
-step "2. profiles on this host's CPU"
-for p in traffic live; do
-    timeout "$(cap 90)" "$PY" -m onnx_models profile "$p" --provider cpu --threads 1 \
-        --repeats "$REPEATS" --warmup 5 --out "$OUTDIR/$p.cpu.profile.json" \
-        >"$OUTDIR/$p.cpu.profile.txt" 2>&1 || { echo "profile $p failed"; status=1; }
-    tail -n 25 "$OUTDIR/$p.cpu.profile.txt"
-done
+want() { [[ $STEPS == *"$1"* ]]; }
 
-step "3. live vs simulator on the CPU, worker scaling, workers in processes (then threads)"
-runs=(
-    "traffic bursty process pard,pard@profile,nexus,clipper++,none 170"
-    "live tweet process pard,nexus,clipper++,none 170"
-    "traffic bursty thread pard,nexus 80"
-)
-for run in "${runs[@]}"; do
-    read -r p t mode droppers limit <<<"$run"
-    name="$p-$t"
-    [[ $mode == thread ]] && name="$p-$t-thread"
-    timeout "$(cap "$limit")" "$PY" -m loadtests.pard_live --pipeline "$p" --trace "$t" \
-        --workers auto --worker-mode "$mode" --profile "$OUTDIR/$p.cpu.profile.json" \
-        --providers cpu --load "$LOAD" --seconds "$LIVE_S" --droppers "$droppers" \
-        --out "$OUTDIR/$name" >"$OUTDIR/$name.log" 2>&1 \
-        || { echo "pard_live $p $t ($mode) failed"; status=1; }
-    grep -E "^(pard|nexus|clipper|none|WARNING|  - )" "$OUTDIR/$name.log" || tail -n 20 "$OUTDIR/$name.log"
-done
-timeout "$(cap 60)" "$PY" -m loadtests.bench_worker_hop --batches 1000 \
-    --cases small:1,224:1,224:8 >"$OUTDIR/worker-hop.txt" 2>&1 \
-    || { echo "bench_worker_hop failed"; status=1; }
-cat "$OUTDIR/worker-hop.txt"
+if want 2; then
+    step "2. profiles on this host's CPU"
+    for p in traffic live; do
+        timeout "$(cap 90)" "$PY" -m onnx_models profile "$p" --provider cpu --threads 1 \
+            --repeats "$REPEATS" --warmup 5 --neighbours "$NEIGHBOURS" \
+            --out "$OUTDIR/$p.cpu.profile.json" \
+            >"$OUTDIR/$p.cpu.profile.txt" 2>&1 || { echo "profile $p failed"; status=1; }
+        tail -n 25 "$OUTDIR/$p.cpu.profile.txt"
+    done
+fi
 
-if [[ ${CUDA:-1} != 0 ]]; then
+if want 3; then
+    step "3. live vs simulator on the CPU, worker scaling, workers in processes (then threads)"
+    runs=(
+        "traffic bursty process pard,pard@profile,nexus,clipper++,none 170"
+        "live tweet process pard,nexus,clipper++,none 170"
+        "traffic bursty thread pard,nexus 80"
+    )
+    for run in "${runs[@]}"; do
+        read -r p t mode droppers limit <<<"$run"
+        name="$p-$t"
+        [[ $mode == thread ]] && name="$p-$t-thread"
+        timeout "$(cap "$limit")" "$PY" -m loadtests.pard_live --pipeline "$p" --trace "$t" \
+            --workers auto --worker-mode "$mode" --profile "$OUTDIR/$p.cpu.profile.json" \
+            --providers cpu --load "$LOAD" --seconds "$LIVE_S" --droppers "$droppers" \
+            --out "$OUTDIR/$name" >"$OUTDIR/$name.log" 2>&1 \
+            || { echo "pard_live $p $t ($mode) failed"; status=1; }
+        grep -E "^(pard|nexus|clipper|none|WARNING|  - )" "$OUTDIR/$name.log" || tail -n 20 "$OUTDIR/$name.log"
+    done
+    timeout "$(cap 60)" "$PY" -m loadtests.bench_worker_hop --batches 1000 \
+        --cases small:1,224:1,224:8 >"$OUTDIR/worker-hop.txt" 2>&1 \
+        || { echo "bench_worker_hop failed"; status=1; }
+    cat "$OUTDIR/worker-hop.txt"
+fi
+
+if want 4; then
     step "4. CUDA: traffic with worker scaling"
     timeout "$(cap 90)" "$PY" -m onnx_models profile traffic --provider cuda --repeats "$REPEATS" \
         --warmup 5 --out "$OUTDIR/traffic.cuda.profile.json" \
