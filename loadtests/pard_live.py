@@ -341,7 +341,7 @@ async def replay_live(
         exchange0 = ex.exchange_s
         for w in ex.workers.values():
             w.decide_ns_by_request = {}
-        cpu0, loop0 = tree_cpu_s(), time.thread_time()
+        cpu0, own0, loop0 = tree_cpu_s(), time.process_time(), time.thread_time()
         start = clock()
         sampler = asyncio.create_task(sample(start))
         tasks = []
@@ -353,6 +353,7 @@ async def replay_live(
         await asyncio.gather(*tasks)
         wall = clock() - start
         cpu_s, loop_s = tree_cpu_s() - cpu0, time.thread_time() - loop0
+        own_s = time.process_time() - own0
         sampler.cancel()
         snap = ex.snapshot()
     finally:
@@ -402,6 +403,7 @@ async def replay_live(
         wall_s=wall,
         cpu_s=cpu_s,
         loop_cpu_s=loop_s,
+        own_cpu_s=own_s,
         cpus=usable_cpus(),
         lateness_by_second=_p99_by_second(arrivals, rec.late_s, seconds),
     )

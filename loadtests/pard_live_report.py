@@ -150,6 +150,10 @@ class Validity:
     loop_cpu_s: float
     """CPU time of the event loop's thread (driver, decisions, routing)."""
     cpus: int
+    own_cpu_s: float = 0.0
+    """CPU time of the replay's own process, all its threads: the loop and the workers'
+    threads that build each batch and hand it over (with process workers, what shares one
+    GIL; with thread workers, the sessions' runs too)."""
     lateness_by_second: tuple[float, ...] = ()
     """p99 lateness (s) of the requests of each second of the trace (0 where none arrived):
     whether the driver fell behind in the bursts or all along."""
@@ -368,6 +372,7 @@ def write_report(
             "bound ms",
             "seconds over the bound",
             "process CPU (cores)",
+            "replay process (cores)",
             "loop CPU",
             "sessions ran on",
             "valid",
@@ -385,6 +390,7 @@ def write_report(
                     else "-"
                 ),
                 f"{v.cores:.2f} of {v.cpus}",
+                f"{v.own_cpu_s / v.wall_s:.2f}" if v.wall_s else "-",
                 f"{v.loop_cpu_s / v.wall_s:.0%}" if v.wall_s else "-",
                 r.snapshot.get("provider", "?"),
                 "yes" if v.valid else "INVALID",
@@ -472,9 +478,11 @@ def write_report(
                 "## Side by side\n\n" + side_by_side,
                 "## Validity of the live runs\n\nThe driver's lateness: when it sent each "
                 "request against its trace time. Process CPU: all threads of the replay's "
-                "process and of its worker processes over the replay's wall time; loop CPU: "
-                "the event loop's thread (driver, decisions, routing). Seconds over the bound: "
-                "the seconds of the trace whose requests' p99 lateness exceeded it "
+                "process and of its worker processes over the replay's wall time; replay process: "
+                "its own threads alone (the loop, and the workers' threads that build and hand "
+                "over each batch: with process workers, the work that shares one GIL); loop "
+                "CPU: the event loop's thread (driver, decisions, routing). Seconds over the "
+                "bound: the seconds of the trace whose requests' p99 lateness exceeded it "
                 "(`lateness_over_time.csv`: each second's p99 beside the offered rate).\n\n"
                 + validity,
                 "## Decision overhead, live\n\nPARD's decision calls (DEPQ push, planner "
@@ -533,9 +541,10 @@ def _write_csvs(
                             round(v.lateness_p99_s * 1e3, 3),
                             round(v.lateness_max_s * 1e3, 3),
                             round(v.cores, 3),
+                            round(v.own_cpu_s / v.wall_s, 3) if v.wall_s else "",
                         )
                         if live
-                        else ("", "", "")
+                        else ("", "", "", "")
                     ),
                     *(
                         (round(o.mean_ratio, 7), round(o.p99_ratio, 7), round(o.total_ratio, 7))
@@ -564,6 +573,7 @@ def _write_csvs(
             "lateness_p99_ms",
             "lateness_max_ms",
             "cpu_cores",
+            "replay_process_cores",
             "decision_mean_ratio",
             "decision_p99_ratio",
             "decision_total_ratio",

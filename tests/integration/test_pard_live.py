@@ -36,6 +36,8 @@ def test_live_and_simulated_sides_run_the_same_requests_with_scaling(
         live = rows[(policy, "live")]
         assert live["verdict"] in ("PASS", "FAIL", "INVALID")
         assert float(live["lateness_p99_ms"]) >= 0.0
+        # the replay's own threads used some CPU, no more than the process tree did
+        assert 0.0 < float(live["replay_process_cores"]) <= float(live["cpu_cores"]) + 0.05
         assert 0.0 < float(live["decision_mean_ratio"]) < 1.0  # measured, and a share
         assert float(live["decision_total_ratio"]) > 0.0
         for side in ("live", "sim"):  # the scaler started an object-detection worker
