@@ -9,7 +9,9 @@
  * compare the two on random and fuzzed inputs (tests/unit/test_hotpath.py).
  *
  * It also maps a query's server ids to the CdfBook's rows (slots_of), the twin of the
- * itemgetter in gateway/cdf.py, for the x_p^u solver of a large fanout.
+ * itemgetter in gateway/cdf.py, for the x_p^u solver of a large fanout, and searches the
+ * book's log-CDF grid for the point where a query's summed log F crosses log(p/100)
+ * (crossing, probe), the twins of _crossing and _probe in gateway/cdf.py.
  *
  * encode_tasks(items, max_batch_bytes) -> bytes
  * decode_results(frame, max_string, max_items, max_depth, max_duration_ms, report_type, statuses)
@@ -544,7 +546,121 @@ fail:
     return NULL;
 }
 
+/* ---------------------------------------------------------------- the grid search ---- */
+
+/* A float32 matrix of shape (points, capacity), C-contiguous, and a 1-D buffer of native
+ * Py_ssize_t rows, each in [0, capacity). */
+typedef struct {
+    Py_buffer m, r;
+    const float *data;
+    const Py_ssize_t *rows;
+    Py_ssize_t points, capacity, k;
+} Grid;
+
+static void grid_release(Grid *g) {
+    if (g->m.obj != NULL) PyBuffer_Release(&g->m);
+    if (g->r.obj != NULL) PyBuffer_Release(&g->r);
+}
+
+static int grid_open(Grid *g, PyObject *matrix, PyObject *rows) {
+    Py_ssize_t i;
+    memset(g, 0, sizeof(*g));
+    if (PyObject_GetBuffer(matrix, &g->m, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
+    if (g->m.ndim != 2 || g->m.itemsize != 4 || g->m.format == NULL ||
+        strcmp(g->m.format, "f") != 0) {
+        PyErr_SetString(PyExc_TypeError, "matrix: a C-contiguous 2-D float32 array is needed");
+        goto fail;
+    }
+    if (PyObject_GetBuffer(rows, &g->r, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) goto fail;
+    if (g->r.ndim != 1 || g->r.itemsize != (Py_ssize_t)sizeof(Py_ssize_t) || g->r.format == NULL ||
+        (strcmp(g->r.format, "n") != 0 && strcmp(g->r.format, "l") != 0 &&
+         strcmp(g->r.format, "q") != 0)) {
+        PyErr_SetString(PyExc_TypeError, "rows: a 1-D array of native intp is needed");
+        goto fail;
+    }
+    g->data = (const float *)g->m.buf;
+    g->rows = (const Py_ssize_t *)g->r.buf;
+    g->points = g->m.shape[0];
+    g->capacity = g->m.shape[1];
+    g->k = g->r.shape[0];
+    for (i = 0; i < g->k; i++) {
+        if (g->rows[i] < 0 || g->rows[i] >= g->capacity) {
+            PyErr_Format(PyExc_IndexError, "rows[%zd] = %zd is outside [0, %zd)", i, g->rows[i],
+                         g->capacity);
+            goto fail;
+        }
+    }
+    return 0;
+fail:
+    grid_release(g);
+    return -1;
+}
+
+/* sum over the rows of matrix[point, row], in double, in the rows' order */
+static double grid_sum(const Grid *g, Py_ssize_t point) {
+    const float *line = g->data + point * g->capacity;
+    double total = 0.0;
+    Py_ssize_t i;
+    for (i = 0; i < g->k; i++) total += (double)line[g->rows[i]];
+    return total;
+}
+
+/* crossing(matrix, rows, level) -> int: the first point whose sum over the rows is >= level
+ * (points when none is), by bisection: each row of L is a log CDF on an ascending grid, so
+ * the sums do not fall from one point to the next. */
+static PyObject *crossing(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    Grid g;
+    double level;
+    Py_ssize_t lo, hi, mid;
+    (void)self;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "crossing(matrix, rows, level)");
+        return NULL;
+    }
+    level = PyFloat_AsDouble(args[2]);
+    if (level == -1.0 && PyErr_Occurred()) return NULL;
+    if (grid_open(&g, args[0], args[1]) < 0) return NULL;
+    lo = 0;
+    hi = g.points;
+    while (lo < hi) {
+        mid = lo + (hi - lo) / 2;
+        if (grid_sum(&g, mid) < level)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    grid_release(&g);
+    return PyLong_FromSsize_t(lo);
+}
+
+/* probe(matrix, rows, point) -> float: the sum over the rows at one point */
+static PyObject *probe(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    Grid g;
+    Py_ssize_t point;
+    double total;
+    (void)self;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "probe(matrix, rows, point)");
+        return NULL;
+    }
+    point = PyLong_AsSsize_t(args[2]);
+    if (point == -1 && PyErr_Occurred()) return NULL;
+    if (grid_open(&g, args[0], args[1]) < 0) return NULL;
+    if (point < 0 || point >= g.points) {
+        PyErr_Format(PyExc_IndexError, "point %zd is outside [0, %zd)", point, g.points);
+        grid_release(&g);
+        return NULL;
+    }
+    total = grid_sum(&g, point);
+    grid_release(&g);
+    return PyFloat_FromDouble(total);
+}
+
 static PyMethodDef methods[] = {
+    {"crossing", (PyCFunction)(void (*)(void))crossing, METH_FASTCALL,
+     "crossing(matrix, rows, level) -> first point whose sum over the rows is >= level"},
+    {"probe", (PyCFunction)(void (*)(void))probe, METH_FASTCALL,
+     "probe(matrix, rows, point) -> the sum over the rows at that point"},
     {"slots_of", (PyCFunction)(void (*)(void))slots_of, METH_FASTCALL,
      "slots_of(mapping, ids) -> bytes of native Py_ssize_t: mapping[id] for each id"},
     {"encode_tasks", (PyCFunction)(void (*)(void))encode_tasks, METH_FASTCALL,

@@ -8,9 +8,12 @@ samples, because fanout 1000 at p99 needs F(x) = 0.99999, far beyond any window.
 A ``CdfBook`` keeps one row per server, or one per group of servers that share a CDF, each
 a ring-buffer window seeded with an offline prior and pushed out by online samples (TailGuard
 §III.C.2). It solves x_p^u over any multiset of servers from matrices of log F on one shared
-log-spaced grid: a gemv over coarse points finds the cell where sum_i log F_i crosses
-log(p/100), a second gemv over that cell's fine points pins it down. Two small products per
-query, whatever the fanout, and no per-server Python work beyond one dict lookup each.
+log-spaced grid: a bisection over coarse points finds the cell where sum_i log F_i crosses
+log(p/100), a second over that cell's fine points pins it down. Each step sums one point's
+log F over the query's rows (a row of the point-major matrices: the rows' values lie within a
+few KB), so a query reads ~12 such sums whatever the fanout, and does no per-server Python
+work beyond one dict lookup each (gateway/_hotpath.c runs the bisection; `_crossing` and
+`_probe` below are its twins).
 """
 
 from __future__ import annotations
@@ -44,18 +47,45 @@ GRID_MARGIN = 2.0
 MIN_GRID_MS = 1e-9
 """Lowest grid point: the grid is log-spaced, so it must stay positive for zero samples."""
 COARSE_CELLS = 128
-"""Cells of the coarse grid: one gemv over rows x (cells + 1) finds the answer's cell."""
+"""Cells of the coarse grid: a bisection over its cells + 1 points finds the answer's cell."""
 FINE_STEPS = 32
-"""Fine steps per coarse cell: a second gemv over rows x (steps + 1) pins the answer; the
+"""Fine steps per coarse cell: a second bisection over steps + 1 points pins the answer; the
 fine spacing (~0.4% for a 15-e-fold span) bounds the error at the kinks of empirical CDFs."""
 _C_ROWS_MIN = 16
 """_rows_of: from this many ids on, the C lookup (when built) beats itemgetter."""
 
 try:
     require_native()  # TAILGATE_PURE_PYTHON=1: the Python twin
+    from gateway._hotpath import crossing as _c_crossing
+    from gateway._hotpath import probe as _c_probe
     from gateway._hotpath import slots_of as _slots_of
 except ImportError:  # built at install when a C compiler is there; itemgetter otherwise
-    _slots_of = None
+    _slots_of = _c_crossing = _c_probe = None
+
+
+def _probe_py(matrix: np.ndarray, rows: np.ndarray, point: int) -> float:
+    """Sum of matrix[point, r] over the rows, in double, in the rows' order (the C twin's
+    order, so both give the same bits)."""
+    if not 0 <= point < matrix.shape[0]:
+        raise IndexError(f"point {point} is outside [0, {matrix.shape[0]})")
+    return float(np.add.accumulate(matrix[point, rows], dtype=np.float64)[-1])
+
+
+def _crossing_py(matrix: np.ndarray, rows: np.ndarray, level: float) -> int:
+    """The first point whose sum over the rows is >= level (matrix.shape[0] if none), by
+    bisection: each row is a log CDF on an ascending grid, so the sums never fall."""
+    lo, hi = 0, matrix.shape[0]
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _probe_py(matrix, rows, mid) < level:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+_crossing = _crossing_py if _c_crossing is None else _c_crossing
+_probe = _probe_py if _c_probe is None else _c_probe
 
 _BLOCK_INDEX = np.arange(COARSE_CELLS)[:, None] * FINE_STEPS + np.arange(FINE_STEPS + 1)
 
@@ -286,8 +316,6 @@ class Composition:
     """CdfBook.version when it was taken: rows of removed servers may be reused later."""
     rows: np.ndarray = field(repr=False)
     """Row index of each server, in the caller's order."""
-    counts: np.ndarray | None = field(repr=False)
-    """Servers per row (bincount) when the solver will use a gemv, else None."""
     key: bytes = field(repr=False)
     """Names the multiset of rows: equal keys, equal x_p^u (at this version)."""
 
@@ -545,13 +573,14 @@ class CdfBook:
         self._free: list[int] = []
         self._capacity = 0
         # log F of every row on one shared log-spaced grid of COARSE_CELLS * FINE_STEPS + 1
-        # points, stored twice: the coarse points (rows x cells+1) to bracket the answer, and
-        # per coarse cell a block of its fine points (cells x rows x steps+1) to pin it down.
-        # float32 halves the bytes each per-query gemv reads; 7 digits are plenty to bracket.
+        # points, stored twice, point-major (a point's values of all rows side by side): the
+        # coarse points (cells+1 x rows) to bracket the answer, and per coarse cell a block of
+        # its fine points (cells x steps+1 x rows) to pin it down. float32 halves the bytes
+        # each bisection step reads; 7 digits are plenty to bracket.
         self._grid_ms = np.empty(0)
         self._log_grid = np.empty(0)
-        self._coarse = np.zeros((0, COARSE_CELLS + 1), dtype=np.float32)
-        self._blocks = np.zeros((COARSE_CELLS, 0, FINE_STEPS + 1), dtype=np.float32)
+        self._coarse = np.zeros((COARSE_CELLS + 1, 0), dtype=np.float32)
+        self._blocks = np.zeros((COARSE_CELLS, FINE_STEPS + 1, 0), dtype=np.float32)
         self._threshold_ms = np.empty(0)
         self._sup_ms = np.empty(0)
 
@@ -694,9 +723,7 @@ class CdfBook:
     def solve(self, server_ids: Sequence[str], percentile: float) -> Solution:
         """x_p^u over exactly these servers (a multiset): TailGuard eq. (1)-(2)."""
         log_level = _log_level(percentile)
-        rows = self._rows_of(server_ids)
-        counts = None if self._gathers(rows) else np.bincount(rows, minlength=self._capacity)
-        return self._solve_rows(rows, counts, log_level)
+        return self._solve_rows(self._rows_of(server_ids), log_level)
 
     def composition_key(self, server_ids: Sequence[str]) -> bytes:
         """Bytes naming the multiset of CDF rows behind these servers (valid for one version)."""
@@ -705,10 +732,12 @@ class CdfBook:
     def composition(self, server_ids: Sequence[str]) -> Composition:
         """The rows behind these servers and their key, for solve_composition (one version)."""
         rows = self._rows_of(server_ids)
-        if self._gathers(rows):
-            return Composition(self._version, rows, None, b"s" + np.sort(rows).tobytes())
-        counts = np.bincount(rows, minlength=self._capacity)
-        return Composition(self._version, rows, counts, b"c" + counts.tobytes())
+        if self._sorts(rows):
+            return Composition(self._version, rows, b"s" + np.sort(rows).tobytes())
+        # Many servers over few rows: their counts name the multiset in fewer bytes and time.
+        return Composition(
+            self._version, rows, b"c" + np.bincount(rows, minlength=self._capacity).tobytes()
+        )
 
     def solve_composition(self, composition: Composition, percentile: float) -> Solution:
         """solve() for a composition taken at this version (ids mapped once for key and solve)."""
@@ -717,38 +746,26 @@ class CdfBook:
                 f"stale composition: taken at version {composition.version}, "
                 f"the book is at {self._version}"
             )
-        return self._solve_rows(composition.rows, composition.counts, _log_level(percentile))
+        return self._solve_rows(composition.rows, _log_level(percentile))
 
     # ----- internals ----------------------------------------------------------------------
 
-    def _gathers(self, rows: np.ndarray) -> bool:
-        """Whether few enough rows are involved to gather them rather than gemv over all."""
+    def _sorts(self, rows: np.ndarray) -> bool:
+        """Whether a composition's key is its sorted rows (few servers for the book's rows)
+        rather than its count per row."""
         return rows.size * 8 < self._capacity
 
-    def _solve_rows(
-        self, rows: np.ndarray, counts: np.ndarray | None, log_level: float
-    ) -> Solution:
-        """x_p^u for mapped rows; counts is their bincount when a gemv is to be used."""
+    def _solve_rows(self, rows: np.ndarray, log_level: float) -> Solution:
+        """x_p^u for mapped rows (a multiset: a repeated row counts once per repeat)."""
         k = rows.size
         per_task = math.exp(log_level / k)
         first = int(rows[0])
-        if counts is None:
-            homogeneous = k == 1 or rows.min() == rows.max()
-        else:
-            homogeneous = counts[first] == k
-        if homogeneous:
+        if k == 1 or rows.min() == rows.max():
             # One distinct row: F^k = p/100 has the closed form F^{-1}((p/100)^(1/k)).
             cdf = self._snap(first)
             x = cdf.quantile(per_task)
             return Solution(x, "tail-model" if x > cdf.threshold_ms else "empirical", per_task)
-        weights = None
-        if counts is None:
-            sums = self._coarse[rows].sum(axis=0)
-        else:
-            # One gemv handles repeated servers and shared group rows alike.
-            weights = counts.astype(np.float32)
-            sums = weights @ self._coarse
-        cell = int(np.searchsorted(sums, log_level, side="left"))
+        cell = _crossing(self._coarse, rows, log_level)
         if cell > COARSE_CELLS:
             x = self._solve_beyond_grid(rows, log_level)
         elif cell == 0:
@@ -756,11 +773,13 @@ class CdfBook:
             x = float(self._grid_ms[0])
         else:
             block = self._blocks[cell - 1]
-            fine = block[rows].sum(axis=0) if weights is None else weights @ block
             # The block's end points are the coarse ones; clamp in case rounding differs.
-            step = min(max(int(np.searchsorted(fine, log_level, side="left")), 1), FINE_STEPS)
-            x = self._interpolate(fine, step, (cell - 1) * FINE_STEPS + step, log_level)
-            if fine[step] == 0.0:
+            step = min(max(_crossing(block, rows, log_level), 1), FINE_STEPS)
+            s1 = _probe(block, rows, step)
+            x = self._interpolate(
+                _probe(block, rows, step - 1), s1, (cell - 1) * FINE_STEPS + step, log_level
+            )
+            if s1 == 0.0:
                 # Every involved row reached F = 1 (rows without a tail jump to 1 at their
                 # largest sample, which is then the exact answer).
                 x = min(x, float(self._sup_ms[rows].max()))
@@ -850,9 +869,9 @@ class CdfBook:
         del self._slot_by_snap[id(self._snap(slot))]
         self._snaps[slot] = None
         self._free.append(slot)
-        # A free slot must add 0 to counts @ L and never win a min or max.
-        self._coarse[slot] = 0.0
-        self._blocks[:, slot, :] = 0.0
+        # A free slot must add 0 to any sum over L and never win a min or max.
+        self._coarse[:, slot] = 0.0
+        self._blocks[:, :, slot] = 0.0
         self._threshold_ms[slot] = math.inf
         self._sup_ms[slot] = -math.inf
 
@@ -868,11 +887,11 @@ class CdfBook:
         """Room for `capacity` rows in L and its side arrays; new slots are empty."""
         extra = capacity - self._capacity
         self._coarse = np.concatenate(
-            [self._coarse, np.zeros((extra, COARSE_CELLS + 1), dtype=np.float32)]
+            [self._coarse, np.zeros((COARSE_CELLS + 1, extra), dtype=np.float32)], axis=1
         )
         self._blocks = np.concatenate(
-            [self._blocks, np.zeros((COARSE_CELLS, extra, FINE_STEPS + 1), dtype=np.float32)],
-            axis=1,
+            [self._blocks, np.zeros((COARSE_CELLS, FINE_STEPS + 1, extra), dtype=np.float32)],
+            axis=2,
         )
         self._threshold_ms = np.concatenate([self._threshold_ms, np.full(extra, math.inf)])
         self._sup_ms = np.concatenate([self._sup_ms, np.full(extra, -math.inf)])
@@ -904,8 +923,8 @@ class CdfBook:
             else cdf.log_survival(grid[first:])
         )
         log_f[first:] = np.maximum(_log1mexp_falling(log_s), LOG_FLOOR)
-        self._coarse[slot] = log_f[::FINE_STEPS]
-        self._blocks[:, slot, :] = log_f[_BLOCK_INDEX]
+        self._coarse[:, slot] = log_f[::FINE_STEPS]
+        self._blocks[:, :, slot] = log_f[_BLOCK_INDEX]
         self._threshold_ms[slot] = cdf.threshold_ms
         self._sup_ms[slot] = cdf.max_ms if cdf.tail is None else math.inf
 
@@ -920,10 +939,9 @@ class CdfBook:
             if cdf is not None:
                 self._fill(slot)
 
-    def _interpolate(self, fine: np.ndarray, step: int, point: int, log_level: float) -> float:
-        """x between grid[point - 1] and grid[point], where the sums cross log_level."""
-        s0 = float(fine[step - 1])
-        s1 = float(fine[step])
+    def _interpolate(self, s0: float, s1: float, point: int, log_level: float) -> float:
+        """x between grid[point - 1] and grid[point], where the sums (s0 at the one, s1 at the
+        other) cross log_level."""
         if s0 >= log_level:
             return float(self._grid_ms[point - 1])
         if s1 < 0.0:

@@ -536,6 +536,6 @@ def test_the_grid_holds_log_f_of_each_snapshot_kind(tailbench_dir: Path) -> None
     for sid in ("tail", "bounded", "table"):
         slot = book.row_key(sid)
         want = np.maximum(book.cdf_of(sid).log_cdf(grid), LOG_FLOOR).astype(np.float32)
-        got = np.concatenate([book._blocks[c, slot, :-1] for c in range(book._blocks.shape[0])])
+        got = np.concatenate([book._blocks[c, :-1, slot] for c in range(book._blocks.shape[0])])
         np.testing.assert_allclose(got, want[:-1], rtol=1e-6, atol=1e-30)
-        np.testing.assert_allclose(book._coarse[slot], want[:: grid.size // 128], rtol=1e-6)
+        np.testing.assert_allclose(book._coarse[:, slot], want[:: grid.size // 128], rtol=1e-6)

@@ -239,7 +239,66 @@ def test_slots_of_maps_ids_as_the_dict_does() -> None:
         slots_of(mapping, [*ids[:5], "nope"])
 
 
-def test_the_cdf_book_solves_the_same_with_and_without_the_c_lookup(
+def _log_cdf_matrix(rng: Any, points: int, capacity: int) -> Any:
+    """Point-major float32 log F of `capacity` rows over `points` ascending grid points."""
+    import numpy as np
+
+    steps = rng.exponential(1.0, (capacity, points)).astype(np.float32)
+    log_f = -np.cumsum(steps[:, ::-1], axis=1)[:, ::-1]  # rising to ~0 at the last point
+    log_f[rng.random(capacity) < 0.2, -5:] = 0.0  # some rows reach F = 1 early
+    return np.ascontiguousarray(log_f.T, dtype=np.float32)
+
+
+@pytest.mark.skipif(hotpath.IMPLEMENTATION != "c", reason="gateway._hotpath is not built")
+def test_grid_crossing_and_probe_agree_bit_for_bit_with_their_python_twins() -> None:
+    import numpy as np
+
+    from gateway._hotpath import crossing, probe
+    from gateway.cdf import _crossing_py, _probe_py
+
+    rng = np.random.default_rng(11)
+    for points, capacity in ((129, 50), (33, 1000), (2, 3)):
+        matrix = _log_cdf_matrix(rng, points, capacity)
+        for k in (1, 7, 400, 2500):
+            rows = rng.integers(0, capacity, k).astype(np.intp)  # repeats count each time
+            sums = [_probe_py(matrix, rows, i) for i in range(points)]
+            assert sums == sorted(sums)  # the bisection's premise
+            for i in range(points):
+                assert probe(matrix, rows, i) == sums[i]
+            levels = [sums[0] - 1.0, sums[-1] + 1.0, *rng.uniform(sums[0], sums[-1], 20)]
+            levels += [sums[points // 2]]  # a level met exactly: the first point at it
+            for level in levels:
+                want = int(np.searchsorted(np.array(sums), level, side="left"))
+                assert crossing(matrix, rows, float(level)) == want
+                assert _crossing_py(matrix, rows, float(level)) == want
+
+
+@pytest.mark.skipif(hotpath.IMPLEMENTATION != "c", reason="gateway._hotpath is not built")
+def test_grid_search_refuses_what_it_cannot_read() -> None:
+    import numpy as np
+
+    from gateway._hotpath import crossing, probe
+
+    matrix = np.zeros((4, 10), dtype=np.float32)
+    rows = np.array([0, 9], dtype=np.intp)
+    with pytest.raises(TypeError, match="2-D float32"):
+        crossing(matrix.astype(np.float64), rows, -1.0)
+    with pytest.raises(TypeError, match="2-D float32"):
+        crossing(matrix[0], rows, -1.0)
+    with pytest.raises((TypeError, ValueError, BufferError)):
+        crossing(matrix[:, ::2], rows, -1.0)  # not contiguous
+    with pytest.raises(TypeError, match="native intp"):
+        crossing(matrix, rows.astype(np.int32), -1.0)
+    with pytest.raises(IndexError, match=r"rows\[1\] = 10 is outside \[0, 10\)"):
+        crossing(matrix, np.array([0, 10], dtype=np.intp), -1.0)
+    with pytest.raises(IndexError, match=r"rows\[0\] = -1 is outside"):
+        probe(matrix, np.array([-1], dtype=np.intp), 0)
+    with pytest.raises(IndexError, match=r"point 4 is outside \[0, 4\)"):
+        probe(matrix, rows, 4)
+    assert crossing(matrix, rows, -1.0) == 0 and crossing(matrix, rows, 1.0) == 4
+
+
+def test_the_cdf_book_solves_the_same_with_the_c_lookup_and_search_or_their_twins(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import numpy as np
@@ -248,12 +307,17 @@ def test_the_cdf_book_solves_the_same_with_and_without_the_c_lookup(
 
     rng = np.random.default_rng(5)
     book = cdf.CdfBook(window_size=512)
-    for i in range(200):
+    for i in range(300):
         book.add_server(f"s{i}", rng.lognormal(rng.uniform(-1, 1), 0.5, 512))
-    picks = [[f"s{j}" for j in rng.choice(200, k)] for k in (20, 100, 400) for _ in range(5)]
-    with_c = [book.solve(p, 99.0) for p in picks]
+    ks = (2, 20, 100, 300, 1000)  # repeats included: choices with replacement
+    picks = [[f"s{j}" for j in rng.choice(300, k)] for k in ks for _ in range(4)]
+    first = [book.solve(p, 99.0) for p in picks]
+    searches = [(cdf._crossing_py, cdf._probe_py), (cdf._crossing, cdf._probe)]
     for lookup in (cdf._slots_of, None):
-        monkeypatch.setattr(cdf, "_slots_of", lookup)
-        assert [book.solve(p, 99.0) for p in picks] == with_c
-        with pytest.raises(KeyError, match="unknown server id 'x'"):
-            book.solve(["s1"] * 30 + ["x"], 99.0)
+        for crossing, probe in searches:
+            monkeypatch.setattr(cdf, "_slots_of", lookup)
+            monkeypatch.setattr(cdf, "_crossing", crossing)
+            monkeypatch.setattr(cdf, "_probe", probe)
+            assert [book.solve(p, 99.0) for p in picks] == first
+            with pytest.raises(KeyError, match="unknown server id 'x'"):
+                book.solve(["s1"] * 30 + ["x"], 99.0)

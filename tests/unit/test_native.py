@@ -13,7 +13,7 @@ from tests.conftest import REPO_ROOT
 
 PROBE = (
     "import taskserver.framecheck as f, gateway.hotpath as h, gateway.cdf as c; "
-    "print(f.IMPLEMENTATION, h.IMPLEMENTATION, c._slots_of is None)"
+    "print(f.IMPLEMENTATION, h.IMPLEMENTATION, c._slots_of is None, c._crossing is c._crossing_py)"
 )
 
 
@@ -27,11 +27,11 @@ def _probe(env: dict[str, str]) -> str:
 
 def test_the_switch_selects_every_python_twin() -> None:
     env = {k: v for k, v in os.environ.items() if k != PURE_PYTHON_ENV}
-    assert _probe({**env, PURE_PYTHON_ENV: "1"}) == "python python True"
+    assert _probe({**env, PURE_PYTHON_ENV: "1"}) == "python python True True"
     native = _probe(env)
     if native.split()[0] == "python":
         pytest.skip("the C extensions are not built here")
-    assert native == "c c False"
+    assert native == "c c False False"
 
 
 @pytest.mark.parametrize("value", ["1", "true", "YES", " on "])
