@@ -63,21 +63,35 @@ except ImportError:  # built at install when a C compiler is there; itemgetter o
     _slots_of = _c_crossing = _c_probe = None
 
 
+def _check_rows(matrix: np.ndarray, rows: np.ndarray) -> None:
+    """IndexError for a row outside the matrix (numpy would wrap a negative one around)."""
+    bad = np.flatnonzero((rows < 0) | (rows >= matrix.shape[1]))
+    if bad.size:
+        i = int(bad[0])
+        raise IndexError(f"rows[{i}] = {int(rows[i])} is outside [0, {matrix.shape[1]})")
+
+
+def _sum_at(matrix: np.ndarray, rows: np.ndarray, point: int) -> float:
+    # In double, in the rows' order: the C twin's order, so both give the same bits.
+    return float(np.add.accumulate(matrix[point].take(rows), dtype=np.float64)[-1])
+
+
 def _probe_py(matrix: np.ndarray, rows: np.ndarray, point: int) -> float:
-    """Sum of matrix[point, r] over the rows, in double, in the rows' order (the C twin's
-    order, so both give the same bits)."""
+    """Sum of matrix[point, r] over the rows."""
+    _check_rows(matrix, rows)
     if not 0 <= point < matrix.shape[0]:
         raise IndexError(f"point {point} is outside [0, {matrix.shape[0]})")
-    return float(np.add.accumulate(matrix[point, rows], dtype=np.float64)[-1])
+    return _sum_at(matrix, rows, point)
 
 
 def _crossing_py(matrix: np.ndarray, rows: np.ndarray, level: float) -> int:
     """The first point whose sum over the rows is >= level (matrix.shape[0] if none), by
     bisection: each row is a log CDF on an ascending grid, so the sums never fall."""
+    _check_rows(matrix, rows)
     lo, hi = 0, matrix.shape[0]
     while lo < hi:
         mid = (lo + hi) // 2
-        if _probe_py(matrix, rows, mid) < level:
+        if _sum_at(matrix, rows, mid) < level:
             lo = mid + 1
         else:
             hi = mid
