@@ -23,6 +23,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import os
 import platform
 import shutil
 import subprocess
@@ -438,7 +439,16 @@ class _Neighbours:
         for i in range(self.count):
             proc = ctx.Process(
                 target=_neighbour_main,
-                args=(self.jobs, self.threads, i, ready, self.stop_event, self.errors, self.runs),
+                args=(
+                    self.jobs,
+                    self.threads,
+                    i,
+                    ready,
+                    self.stop_event,
+                    self.errors,
+                    self.runs,
+                    os.getpid(),
+                ),
                 daemon=True,
                 name=f"profile-neighbour-{i}",
             )
@@ -488,8 +498,11 @@ def _neighbour_main(
     stop: Any,
     errors: Any,
     runs: Any,
+    parent: int,
 ) -> None:
-    """A neighbour: load every module's session, then run the jobs in turn until stopped."""
+    """A neighbour: load every module's session, then run the jobs in turn until stopped,
+    or until its parent is gone (killed, or ended by a timeout's SIGTERM, it never sets
+    `stop`: the neighbour then finds itself adopted by another process)."""
     try:
         import onnxruntime as ort
 
@@ -509,16 +522,16 @@ def _neighbour_main(
         ready.abort()
         return
     try:
-        ready.wait()
-    except Exception:  # threading.BrokenBarrierError: another neighbour failed to start
+        ready.wait(_Neighbours.START_S + 30.0)
+    except Exception:  # threading.BrokenBarrierError: another failed, or the parent is gone
         return
-    while not stop.is_set():
+    while not stop.is_set() and os.getppid() == parent:
         for k in order:
             session, feed = work[k]
             session.run(None, feed)
             with runs.get_lock():
                 runs.value += 1
-            if stop.is_set():
+            if stop.is_set() or os.getppid() != parent:
                 break
 
 

@@ -408,3 +408,55 @@ def test_profile_beside_neighbours_records_them(tmp_path: Path) -> None:
         load_profile(_write(tmp_path, doc))
     with pytest.raises(ProfileError, match="neighbours: must be >= 0, got -1"):
         profile_pipeline(spec, neighbours=-1)
+
+
+def test_neighbours_end_when_the_profiler_is_killed(tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO_ROOT
+
+    script = (
+        "import sys, time\n"
+        "from onnx_models.profile import _Cell, _Neighbours\n"
+        "from onnx_models.spec import load_pipeline, pipeline_path\n"
+        "import numpy as np\n"
+        "spec = load_pipeline(pipeline_path('traffic'))\n"
+        "feed = {'input': np.zeros((1, 3, 224, 224), np.float32)}\n"
+        "import onnxruntime as ort\n"
+        "s = ort.InferenceSession(str(spec.modules[0].model), providers=['CPUExecutionProvider'])\n"
+        "feed = {s.get_inputs()[0].name: feed['input']}\n"
+        "load = _Neighbours([_Cell(spec.modules[0], 1, s, feed)], threads=1, count=2)\n"
+        "load.start()\n"
+        "print(' '.join(str(p.pid) for p in load.procs), flush=True)\n"
+        "time.sleep(300)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) == 2
+    finally:
+        proc.send_signal(signal.SIGKILL)  # no cleanup of any kind in the profiler
+        proc.wait(10)
+        assert proc.stdout is not None
+        proc.stdout.close()
+
+    def alive(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+
+    deadline = time.monotonic() + 20.0
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [p for p in pids if alive(p)]
+    for p in left:
+        os.kill(p, signal.SIGKILL)
+    assert not left, f"neighbours {left} outlived their profiler"
