@@ -53,10 +53,11 @@ def test_live_and_simulated_sides_run_the_same_requests_with_scaling(
     assert sum(int(r["offered"]) for r in late) == n
     for policy in ("pard", "none"):
         by_second = [float(r[f"{policy}:p99_ms"]) for r in late]
-        assert all(x >= 0.0 for x in by_second)
-        # the run's p99 lies within the range of its seconds' p99s
-        p99 = float(rows[(policy, "live")]["lateness_p99_ms"])
-        assert min(by_second) - 1e-3 <= p99 <= max(by_second) + 1e-3
+        # no second's p99 above the run's largest lateness (its p99 may be: a percentile of
+        # the whole is not bounded by the parts' percentiles)
+        top = float(rows[(policy, "live")]["lateness_max_ms"])
+        assert all(-0.01 <= x <= top + 1e-3 for x in by_second)  # a timer may fire µs early
+        assert max(by_second) > 0.0
     assert "| seconds over the bound |" in text
     for png in ("goodput_over_time.png", "workers_over_time.png"):
         assert (out / png).stat().st_size > 0
