@@ -605,12 +605,13 @@ static double grid_sum(const Grid *g, Py_ssize_t point) {
     return total;
 }
 
-/* crossing(matrix, rows, level) -> int: the first point whose sum over the rows is >= level
- * (points when none is), by bisection: each row of L is a log CDF on an ascending grid, so
- * the sums do not fall from one point to the next. */
+/* crossing(matrix, rows, level) -> (index, below, at): the first point whose sum over the
+ * rows is >= level (points when none is), by bisection (each row of L is a log CDF on an
+ * ascending grid, so the sums do not fall from one point to the next), with the sums the
+ * bisection took at index - 1 and at index (NaN where it took none: index 0, or points). */
 static PyObject *crossing(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     Grid g;
-    double level;
+    double level, sum, below = Py_NAN, at = Py_NAN;
     Py_ssize_t lo, hi, mid;
     (void)self;
     if (nargs != 3) {
@@ -624,13 +625,17 @@ static PyObject *crossing(PyObject *self, PyObject *const *args, Py_ssize_t narg
     hi = g.points;
     while (lo < hi) {
         mid = lo + (hi - lo) / 2;
-        if (grid_sum(&g, mid) < level)
+        sum = grid_sum(&g, mid);
+        if (sum < level) {
             lo = mid + 1;
-        else
+            below = sum; /* lo only rises: the last one is the sum at the final lo - 1 */
+        } else {
             hi = mid;
+            at = sum; /* likewise at the final hi */
+        }
     }
     grid_release(&g);
-    return PyLong_FromSsize_t(lo);
+    return Py_BuildValue("(ndd)", lo, below, at);
 }
 
 /* probe(matrix, rows, point) -> float: the sum over the rows at one point */
@@ -658,7 +663,8 @@ static PyObject *probe(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
 
 static PyMethodDef methods[] = {
     {"crossing", (PyCFunction)(void (*)(void))crossing, METH_FASTCALL,
-     "crossing(matrix, rows, level) -> first point whose sum over the rows is >= level"},
+     "crossing(matrix, rows, level) -> (first point whose sum over the rows is >= level, "
+     "the sum before it, the sum at it)"},
     {"probe", (PyCFunction)(void (*)(void))probe, METH_FASTCALL,
      "probe(matrix, rows, point) -> the sum over the rows at that point"},
     {"slots_of", (PyCFunction)(void (*)(void))slots_of, METH_FASTCALL,

@@ -84,18 +84,21 @@ def _probe_py(matrix: np.ndarray, rows: np.ndarray, point: int) -> float:
     return _sum_at(matrix, rows, point)
 
 
-def _crossing_py(matrix: np.ndarray, rows: np.ndarray, level: float) -> int:
+def _crossing_py(matrix: np.ndarray, rows: np.ndarray, level: float) -> tuple[int, float, float]:
     """The first point whose sum over the rows is >= level (matrix.shape[0] if none), by
-    bisection: each row is a log CDF on an ascending grid, so the sums never fall."""
+    bisection (each row is a log CDF on an ascending grid, so the sums never fall), with the
+    sums the bisection took at that point - 1 and at it (NaN where it took none)."""
     _check_rows(matrix, rows)
     lo, hi = 0, matrix.shape[0]
+    below = at = math.nan
     while lo < hi:
         mid = (lo + hi) // 2
-        if _sum_at(matrix, rows, mid) < level:
-            lo = mid + 1
+        total = _sum_at(matrix, rows, mid)
+        if total < level:
+            lo, below = mid + 1, total  # lo only rises: the last is the sum at lo - 1
         else:
-            hi = mid
-    return lo
+            hi, at = mid, total
+    return lo, below, at
 
 
 _crossing = _crossing_py if _c_crossing is None else _c_crossing
@@ -779,7 +782,7 @@ class CdfBook:
             cdf = self._snap(first)
             x = cdf.quantile(per_task)
             return Solution(x, "tail-model" if x > cdf.threshold_ms else "empirical", per_task)
-        cell = _crossing(self._coarse, rows, log_level)
+        cell = _crossing(self._coarse, rows, log_level)[0]
         if cell > COARSE_CELLS:
             x = self._solve_beyond_grid(rows, log_level)
         elif cell == 0:
@@ -787,12 +790,13 @@ class CdfBook:
             x = float(self._grid_ms[0])
         else:
             block = self._blocks[cell - 1]
-            # The block's end points are the coarse ones; clamp in case rounding differs.
-            step = min(max(_crossing(block, rows, log_level), 1), FINE_STEPS)
-            s1 = _probe(block, rows, step)
-            x = self._interpolate(
-                _probe(block, rows, step - 1), s1, (cell - 1) * FINE_STEPS + step, log_level
-            )
+            step, s0, s1 = _crossing(block, rows, log_level)
+            if not 1 <= step <= FINE_STEPS:
+                # Unreached: the block's end points are the coarse ones, summed in the same
+                # order to the same bits. Clamp and sum afresh should that ever change.
+                step = min(max(step, 1), FINE_STEPS)
+                s0, s1 = _probe(block, rows, step - 1), _probe(block, rows, step)
+            x = self._interpolate(s0, s1, (cell - 1) * FINE_STEPS + step, log_level)
             if s1 == 0.0:
                 # Every involved row reached F = 1 (rows without a tail jump to 1 at their
                 # largest sample, which is then the exact answer).

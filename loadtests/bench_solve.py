@@ -62,7 +62,9 @@ def report(label: str, us: np.ndarray) -> None:
 
 
 def load_other_cdf(checkout: str) -> object:
-    """Another checkout's gateway.cdf as a module of its own (its other imports are ours)."""
+    """Another checkout's gateway.cdf as a module of its own. It imports that checkout's
+    built C extension (gateway/_hotpath*.so) where there is one, whose functions may differ
+    from ours; its other imports are ours."""
     path = Path(checkout) / "gateway" / "cdf.py"
     if not path.is_file():
         raise SystemExit(f"--against: no {path}")
@@ -71,7 +73,20 @@ def load_other_cdf(checkout: str) -> object:
         raise SystemExit(f"--against: cannot load {path}")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
+    built = sorted(path.parent.glob("_hotpath*.so"))
+    ours = sys.modules.get("gateway._hotpath")
+    if built:
+        ext = importlib.util.spec_from_file_location("gateway._hotpath", built[0])
+        if ext is None or ext.loader is None:
+            raise SystemExit(f"--against: cannot load {built[0]}")
+        sys.modules["gateway._hotpath"] = importlib.util.module_from_spec(ext)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        if ours is not None:
+            sys.modules["gateway._hotpath"] = ours
+        else:
+            sys.modules.pop("gateway._hotpath", None)
     return module
 
 

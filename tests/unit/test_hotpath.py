@@ -268,9 +268,13 @@ def test_grid_crossing_and_probe_agree_bit_for_bit_with_their_python_twins() -> 
             levels = [sums[0] - 1.0, sums[-1] + 1.0, *rng.uniform(sums[0], sums[-1], 20)]
             levels += [sums[points // 2]]  # a level met exactly: the first point at it
             for level in levels:
-                want = int(np.searchsorted(np.array(sums), level, side="left"))
-                assert crossing(matrix, rows, float(level)) == want
-                assert _crossing_py(matrix, rows, float(level)) == want
+                i = int(np.searchsorted(np.array(sums), level, side="left"))
+                # the index, and the sums at i - 1 and at i where the bisection took them
+                level = float(level)
+                for got in (crossing(matrix, rows, level), _crossing_py(matrix, rows, level)):
+                    assert got[0] == i
+                    assert got[1] == sums[i - 1] if i > 0 else math.isnan(got[1])
+                    assert got[2] == sums[i] if i < points else math.isnan(got[2])
 
 
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
@@ -291,7 +295,7 @@ def test_grid_search_refuses_what_it_cannot_read(impl: str) -> None:
         probe(matrix, np.array([-1], dtype=np.intp), 0)
     with pytest.raises(IndexError, match=r"point 4 is outside \[0, 4\)"):
         probe(matrix, rows, 4)
-    assert crossing(matrix, rows, -1.0) == 0 and crossing(matrix, rows, 1.0) == 4
+    assert crossing(matrix, rows, -1.0)[0] == 0 and crossing(matrix, rows, 1.0)[0] == 4
     if impl == "c":  # the C side reads raw buffers: it checks what they hold
         with pytest.raises(TypeError, match="2-D float32"):
             crossing(matrix.astype(np.float64), rows, -1.0)
