@@ -11,7 +11,9 @@
  * It also maps a query's server ids to the CdfBook's rows (slots_of), the twin of the
  * itemgetter in gateway/cdf.py, for the x_p^u solver of a large fanout, and searches the
  * book's log-CDF grid for the point where a query's summed log F crosses log(p/100)
- * (crossing, probe), the twins of _crossing and _probe in gateway/cdf.py.
+ * (crossing, probe), the twins of _crossing and _probe in gateway/cdf.py. And it writes the
+ * "tasks" array of a query answer (render_tasks), the twin of gateway/queries.py's
+ * render_answer_py.
  *
  * encode_tasks(items, max_batch_bytes) -> bytes
  * decode_results(frame, max_string, max_items, max_depth, max_duration_ms, report_type, statuses)
@@ -21,6 +23,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #define VERSION_1 0x80010000u
@@ -661,7 +665,291 @@ static PyObject *probe(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     return PyFloat_FromDouble(total);
 }
 
+/* ---------------------------------------------------------------- answers ----------- */
+
+/* render_tasks(outcomes, loads, max_depth, embed, text, number) -> bytes | None: the "tasks"
+ * array of a query answer as JSON, the twin of the entries gateway/queries.py's
+ * render_answer_py builds (TaskOutcome.entry, then orjson.dumps), byte for byte. Each
+ * distinct task result is read once: `loads` (orjson.loads) and a count of its brackets
+ * take most as they are; `embed(raw)` gives the JSON text of the others (gateway.queries:
+ * _embedded_json, the rule itself), `text(s)` the JSON text of a string that
+ * needs escaping, `number(x)` the JSON text of round(x, 4) where this file's own rounding
+ * cannot tell (a tie, or a value too large for its margin); what they raise propagates.
+ * None for an outcome with a field of a type it does not write (the caller renders it). */
+
+static PyObject *attr_names[11]; /* TaskOutcome's fields, in its order */
+static const char *attr_text[11] = {
+    "server", "status", "queue_ms", "service_ms", "post_queue_ms", "server_ms",
+    "missed_deadline", "result", "error", "estimated_wait_ms", "retries",
+};
+
+typedef struct {
+    char *p;
+    Py_ssize_t n, cap;
+} Buf;
+
+static int buf_grow(Buf *b, Py_ssize_t extra) {
+    Py_ssize_t cap;
+    char *p;
+    if (b->n + extra <= b->cap) return 0;
+    cap = b->cap * 2 > b->n + extra + 256 ? b->cap * 2 : b->n + extra + 256;
+    p = PyMem_Realloc(b->p, (size_t)cap);
+    if (p == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    b->p = p;
+    b->cap = cap;
+    return 0;
+}
+
+static int buf_put(Buf *b, const char *s, Py_ssize_t n) {
+    if (buf_grow(b, n) < 0) return -1;
+    memcpy(b->p + b->n, s, (size_t)n);
+    b->n += n;
+    return 0;
+}
+
+#define PUT_LIT(b, lit) buf_put((b), (lit), (Py_ssize_t)(sizeof(lit) - 1))
+
+/* bytes returned by a callback, appended (a TypeError if it returned something else). */
+static int put_call(Buf *b, PyObject *fn, PyObject *arg) {
+    int rc;
+    PyObject *out = PyObject_CallOneArg(fn, arg);
+    if (out == NULL) return -1;
+    if (!PyBytes_Check(out)) {
+        Py_DECREF(out);
+        PyErr_SetString(PyExc_TypeError, "render_tasks: a callback must return bytes");
+        return -1;
+    }
+    rc = buf_put(b, PyBytes_AS_STRING(out), PyBytes_GET_SIZE(out));
+    Py_DECREF(out);
+    return rc;
+}
+
+/* 0 written, 1 not taken (not a str), -1 error. ASCII without a character JSON escapes is
+ * copied between quotes; anything else is the `text` callback's. */
+static int put_text(Buf *b, PyObject *s, PyObject *text) {
+    const unsigned char *d;
+    Py_ssize_t n, i;
+    if (!PyUnicode_CheckExact(s)) return 1;
+    if (PyUnicode_IS_ASCII(s)) {
+        d = PyUnicode_1BYTE_DATA(s);
+        n = PyUnicode_GET_LENGTH(s);
+        for (i = 0; i < n; i++)
+            if (d[i] < 0x20 || d[i] == '"' || d[i] == '\\' || d[i] == 0x7f) break;
+        if (i == n) {
+            if (buf_grow(b, n + 2) < 0) return -1;
+            b->p[b->n++] = '"';
+            memcpy(b->p + b->n, d, (size_t)n);
+            b->n += n;
+            b->p[b->n++] = '"';
+            return 0;
+        }
+    }
+    return put_call(b, text, s) < 0 ? -1 : 0;
+}
+
+/* n >= 0 in decimal at tmp + len; the new length. */
+static int put_digits(char *tmp, int len, long long n) {
+    char rev[24];
+    int i = 0;
+    do {
+        rev[i++] = (char)('0' + n % 10);
+        n /= 10;
+    } while (n > 0);
+    while (i > 0) tmp[len++] = rev[--i];
+    return len;
+}
+
+/* 0 written, 1 not taken (neither None nor a float), -1 error. round(x, 4) as orjson writes
+ * it. Python rounds the exact binary value to 4 decimals (ties to even); here s = x * 1e4 is
+ * off the exact product by at most half an ulp of s, under 2^-13 for |x| < 1e8, so its
+ * nearest integer is the exact one unless s lies within 1e-3 of a half: those, and larger
+ * values, go to the `number` callback. The double nearest to n / 1e4 prints as those digits
+ * (shortest round trip: its neighbours 1e-4 apart cannot share a double below 1e8). */
+static int put_ms(Buf *b, PyObject *v, PyObject *number) {
+    double x, s, f, frac;
+    long long n, ip;
+    int fp, digits[4], last, i;
+    char tmp[32];
+    int len;
+    if (v == Py_None) return PUT_LIT(b, "null");
+    if (!PyFloat_CheckExact(v)) return 1;
+    x = PyFloat_AS_DOUBLE(v);
+    if (!isfinite(x)) return PUT_LIT(b, "null"); /* orjson writes NaN and infinities so */
+    if (!(fabs(x) < 1e8)) return put_call(b, number, v) < 0 ? -1 : 0;
+    s = x * 1e4;
+    f = floor(s);
+    frac = s - f;
+    if (fabs(frac - 0.5) < 1e-3) return put_call(b, number, v) < 0 ? -1 : 0;
+    n = (long long)(frac > 0.5 ? f + 1.0 : f);
+    len = 0;
+    if (n < 0 || (n == 0 && signbit(x))) tmp[len++] = '-';
+    if (n < 0) n = -n;
+    ip = n / 10000;
+    fp = (int)(n % 10000);
+    len = put_digits(tmp, len, ip);
+    tmp[len++] = '.';
+    digits[0] = fp / 1000;
+    digits[1] = fp / 100 % 10;
+    digits[2] = fp / 10 % 10;
+    digits[3] = fp % 10;
+    for (last = 3; last > 0 && digits[last] == 0; last--) {
+    }
+    for (i = 0; i <= last; i++) tmp[len++] = (char)('0' + digits[i]);
+    return buf_put(b, tmp, len);
+}
+
+typedef struct {
+    PyObject *loads;     /* orjson.loads */
+    Py_ssize_t max_depth; /* jsonbody.MAX_DEPTH */
+} Embedding;
+
+/* A new reference to the JSON text of a result in an answer: the raw bytes themselves when
+ * `loads` reads them and they open at most max_depth brackets and braces (so they cannot
+ * nest deeper), else what `embed` (the Python rule, which then decides) gives. */
+static PyObject *embedded(PyObject *raw, const Embedding *cfg, PyObject *embed) {
+    const char *d = PyBytes_AS_STRING(raw);
+    Py_ssize_t n = PyBytes_GET_SIZE(raw), i, opened = 0;
+    PyObject *value = PyObject_CallOneArg(cfg->loads, raw);
+    if (value == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_ValueError)) return NULL;
+        PyErr_Clear(); /* not strict JSON: the Python rule reads it */
+        return PyObject_CallOneArg(embed, raw);
+    }
+    Py_DECREF(value);
+    for (i = 0; i < n; i++) opened += d[i] == '[' || d[i] == '{';
+    if (opened > cfg->max_depth) return PyObject_CallOneArg(embed, raw);
+    Py_INCREF(raw);
+    return raw;
+}
+
+/* 0 written, 1 not taken, -1 error: one outcome's entry. */
+static int put_entry(Buf *b, PyObject *o, PyObject *seen, const Embedding *cfg, PyObject *embed,
+                     PyObject *text, PyObject *number) {
+    PyObject *f[11];
+    PyObject *json;
+    int i, rc = 1;
+    long long retries;
+    char tmp[32];
+    for (i = 0; i < 11; i++) f[i] = NULL;
+    for (i = 0; i < 11; i++) {
+        f[i] = PyObject_GetAttr(o, attr_names[i]);
+        if (f[i] == NULL) {
+            rc = -1;
+            goto done;
+        }
+    }
+    /* The types it writes; anything else is the caller's (before a byte is written). */
+    if (!(f[6] == Py_None || f[6] == Py_True || f[6] == Py_False)) goto done;
+    if (!(f[7] == Py_None || PyBytes_CheckExact(f[7]))) goto done;
+    if (!(f[8] == Py_None || PyUnicode_CheckExact(f[8]))) goto done;
+    if (!PyLong_CheckExact(f[10])) goto done;
+    for (i = 2; i < 6; i++)
+        if (!(f[i] == Py_None || PyFloat_CheckExact(f[i]))) goto done;
+    if (!(f[9] == Py_None || PyFloat_CheckExact(f[9]))) goto done;
+    if (!PyUnicode_CheckExact(f[0]) || !PyUnicode_CheckExact(f[1])) goto done;
+    rc = -1;
+    if (PUT_LIT(b, "{\"server\":") < 0 || put_text(b, f[0], text) < 0) goto done;
+    if (PUT_LIT(b, ",\"status\":") < 0 || put_text(b, f[1], text) < 0) goto done;
+    if (PUT_LIT(b, ",\"queue_ms\":") < 0 || put_ms(b, f[2], number) < 0) goto done;
+    if (PUT_LIT(b, ",\"service_ms\":") < 0 || put_ms(b, f[3], number) < 0) goto done;
+    if (PUT_LIT(b, ",\"post_queue_ms\":") < 0 || put_ms(b, f[4], number) < 0) goto done;
+    if (PUT_LIT(b, ",\"server_ms\":") < 0 || put_ms(b, f[5], number) < 0) goto done;
+    if (PUT_LIT(b, ",\"missed_deadline\":") < 0) goto done;
+    if ((f[6] == Py_None   ? PUT_LIT(b, "null")
+         : f[6] == Py_True ? PUT_LIT(b, "true")
+                           : PUT_LIT(b, "false")) < 0)
+        goto done;
+    if (PUT_LIT(b, ",\"result\":") < 0) goto done;
+    if (f[7] == Py_None || PyBytes_GET_SIZE(f[7]) == 0) {
+        if (PUT_LIT(b, "null") < 0) goto done;
+    } else {
+        json = PyDict_GetItemWithError(seen, f[7]); /* borrowed */
+        if (json == NULL) {
+            if (PyErr_Occurred()) goto done;
+            json = embedded(f[7], cfg, embed);
+            if (json == NULL) goto done;
+            if (!PyBytes_Check(json)) {
+                Py_DECREF(json);
+                PyErr_SetString(PyExc_TypeError, "render_tasks: embed must return bytes");
+                goto done;
+            }
+            if (PyDict_SetItem(seen, f[7], json) < 0) {
+                Py_DECREF(json);
+                goto done;
+            }
+            Py_DECREF(json); /* the dict holds it */
+        }
+        if (buf_put(b, PyBytes_AS_STRING(json), PyBytes_GET_SIZE(json)) < 0) goto done;
+    }
+    if (f[8] != Py_None) {
+        if (PUT_LIT(b, ",\"error\":") < 0 || put_text(b, f[8], text) < 0) goto done;
+    }
+    if (f[9] != Py_None) {
+        if (PUT_LIT(b, ",\"estimated_wait_ms\":") < 0 || put_ms(b, f[9], number) < 0) goto done;
+    }
+    retries = PyLong_AsLongLong(f[10]);
+    if (retries == -1 && PyErr_Occurred()) goto done;
+    if (retries != 0) {
+        int len = snprintf(tmp, sizeof(tmp), ",\"retries\":%lld", retries);
+        if (buf_put(b, tmp, len) < 0) goto done;
+    }
+    if (PUT_LIT(b, "}") < 0) goto done;
+    rc = 0;
+done:
+    for (i = 0; i < 11; i++) Py_XDECREF(f[i]);
+    return rc;
+}
+
+static PyObject *render_tasks(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    PyObject *outcomes, *seen, *out = NULL;
+    Buf b = {NULL, 0, 0};
+    Py_ssize_t n, i;
+    Embedding cfg;
+    int rc;
+    (void)self;
+    if (nargs != 6 || !PyList_CheckExact(args[0]) || !PyLong_CheckExact(args[2])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "render_tasks(outcomes: list, loads, max_depth: int, embed, text, number)");
+        return NULL;
+    }
+    outcomes = args[0];
+    cfg.loads = args[1];
+    cfg.max_depth = PyLong_AsSsize_t(args[2]);
+    if (cfg.max_depth == -1 && PyErr_Occurred()) return NULL;
+    seen = PyDict_New();
+    if (seen == NULL) return NULL;
+    n = PyList_GET_SIZE(outcomes);
+    if (buf_grow(&b, 2 + n * 220) < 0) goto fail;
+    b.p[b.n++] = '[';
+    for (i = 0; i < PyList_GET_SIZE(outcomes); i++) {
+        PyObject *o = PyList_GET_ITEM(outcomes, i);
+        if (i > 0 && PUT_LIT(&b, ",") < 0) goto fail;
+        Py_INCREF(o); /* a callback may change the list */
+        rc = put_entry(&b, o, seen, &cfg, args[3], args[4], args[5]);
+        Py_DECREF(o);
+        if (rc < 0) goto fail;
+        if (rc > 0) {
+            out = Py_None;
+            Py_INCREF(out);
+            goto fail;
+        }
+    }
+    if (PUT_LIT(&b, "]") < 0) goto fail;
+    out = PyBytes_FromStringAndSize(b.p, b.n);
+fail:
+    PyMem_Free(b.p);
+    Py_DECREF(seen);
+    return out;
+}
+
 static PyMethodDef methods[] = {
+    {"render_tasks", (PyCFunction)(void (*)(void))render_tasks, METH_FASTCALL,
+     "render_tasks(outcomes, loads, max_depth, embed, text, number) -> the answer's tasks "
+     "array as JSON bytes, "
+     "or None for an outcome left to the caller"},
     {"crossing", (PyCFunction)(void (*)(void))crossing, METH_FASTCALL,
      "crossing(matrix, rows, level) -> (first point whose sum over the rows is >= level, "
      "the sum before it, the sum at it)"},
@@ -683,5 +971,10 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__hotpath(void) {
+    int i;
+    for (i = 0; i < 11; i++) {
+        if (attr_names[i] == NULL) attr_names[i] = PyUnicode_InternFromString(attr_text[i]);
+        if (attr_names[i] == NULL) return NULL;
+    }
     return PyModule_Create(&module);
 }

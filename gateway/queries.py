@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from taskserver import jsonbody
+from taskserver.native import require_native
 from taskserver.wire import TaskStatus
 
 if TYPE_CHECKING:
@@ -127,40 +128,82 @@ def render_answer(
 ) -> bytes:
     """A query answer as JSON bytes: `head`'s keys, every task's entry under "tasks", then
     `tail`'s. Each distinct result is read once, and one that is JSON goes into the answer
-    as its server wrote it (checked, not decoded and encoded again)."""
+    as its server wrote it (checked, not decoded and encoded again). The tasks are written
+    by gateway/_hotpath.c where it is built (`render_tasks`, the same bytes as
+    `render_answer_py`, without a dict per task)."""
+    outcomes = list(outcomes)
+    if _c_render is not None:
+        try:
+            tasks = _c_render(outcomes, *_C_RENDER_ARGS)
+            if tasks is not None:
+                return orjson.dumps({**head, "tasks": orjson.Fragment(tasks), **tail})
+        except TypeError:
+            # What orjson refuses (a string with a lone surrogate): the standard library's.
+            return _render_stdlib(head, outcomes, tail)
+    return render_answer_py(head, outcomes, tail)
+
+
+def render_answer_py(
+    head: Mapping[str, Any], outcomes: list[TaskOutcome], tail: Mapping[str, Any]
+) -> bytes:
+    """render_answer in Python: a dict per task entry (TaskOutcome.entry), then orjson."""
     seen: dict[bytes, Any] = {}
     tasks = []
-    outcomes = list(outcomes)
-    for o in outcomes:
-        raw = o.result
-        result = None
-        if raw:
-            result = seen.get(raw)
-            if result is None:
-                result = seen[raw] = _embedded(raw)
-        tasks.append(o.entry(result))
     try:
+        for o in outcomes:
+            raw = o.result
+            result = None
+            if raw:
+                result = seen.get(raw)
+                if result is None:
+                    result = seen[raw] = orjson.Fragment(_embedded_json(raw))
+            tasks.append(o.entry(result))
         return orjson.dumps({**head, "tasks": tasks, **tail})
     except TypeError:
-        # What orjson refuses and the standard library writes (a string with a lone
-        # surrogate, from a result only the standard library could read).
-        body = {**head, "tasks": [o.to_json() for o in outcomes], **tail}
-        return json.dumps(body).encode()
+        return _render_stdlib(head, outcomes, tail)
 
 
-def _embedded(raw: bytes) -> Any:
-    """A result as it goes into an answer rendered by `render_answer`: its own bytes when
-    they are JSON of at most jsonbody.MAX_DEPTH levels, else as `decode_result` reads it."""
+def _render_stdlib(
+    head: Mapping[str, Any], outcomes: list[TaskOutcome], tail: Mapping[str, Any]
+) -> bytes:
+    """What orjson refuses and the standard library writes (a string with a lone surrogate,
+    from a result only the standard library could read)."""
+    body = {**head, "tasks": [o.to_json() for o in outcomes], **tail}
+    return json.dumps(body).encode()
+
+
+def _embedded_json(raw: bytes) -> bytes:
+    """A result's JSON text in an answer: its own bytes when they are JSON of at most
+    jsonbody.MAX_DEPTH levels, else the JSON of what `decode_result` reads (TypeError where
+    orjson cannot write that)."""
     try:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError:  # not strict JSON (NaN, a lone surrogate, ...) or not JSON
-        return decode_result(raw)
+        return orjson.dumps(decode_result(raw))
     if raw.count(b"[") + raw.count(b"{") > jsonbody.MAX_DEPTH:
         try:
             jsonbody.check_depth(value)
         except jsonbody.JsonError:
-            return {"raw": raw.decode("utf-8", "replace")}
-    return orjson.Fragment(raw)
+            return orjson.dumps({"raw": raw.decode("utf-8", "replace")})
+    return raw
+
+
+def _json_text(s: str) -> bytes:
+    """A string as orjson writes it (render_tasks' escapes)."""
+    return orjson.dumps(s)
+
+
+def _json_ms(x: float) -> bytes:
+    """round(x, 4) as orjson writes it (render_tasks' ties and large values)."""
+    return orjson.dumps(round(x, 4))
+
+
+try:
+    require_native()  # TAILGATE_PURE_PYTHON=1: the Python twin
+    from gateway._hotpath import render_tasks as _c_render
+except ImportError:  # built at install when a C compiler is there; render_answer_py otherwise
+    _c_render = None
+_C_RENDER_ARGS = (orjson.loads, jsonbody.MAX_DEPTH, _embedded_json, _json_text, _json_ms)
 
 
 class QueryRun:

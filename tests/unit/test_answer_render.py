@@ -8,11 +8,14 @@ nested too deeply, JSON only the standard library reads) comes out as it always 
 from __future__ import annotations
 
 import json
+import math
+import random
 from typing import Any
 
 import pytest
 
-from gateway.queries import QueryOutcome, TaskOutcome
+from gateway import queries
+from gateway.queries import QueryOutcome, TaskOutcome, render_answer, render_answer_py
 from gateway.query_path import QueryAnswer
 from taskserver.jsonbody import MAX_DEPTH
 
@@ -67,3 +70,94 @@ def test_equal_results_are_read_once_and_rendered_alike() -> None:
     answer = _answer(*[b'{"same": [1, 2, 3]}'] * 50)
     tasks = json.loads(answer.render())["tasks"]
     assert [t["result"] for t in tasks] == [{"same": [1, 2, 3]}] * 50
+
+
+# --- The C writer of the tasks (gateway/_hotpath.c: render_tasks) and its Python twin ------
+
+_C = queries._c_render is not None
+_NOT_C = "the C writer is not in use (not built, or TAILGATE_PURE_PYTHON=1)"
+_CALLBACKS = queries._C_RENDER_ARGS
+_TEXTS = ["ts-1", "", 'quo"te', "back\\slash", "tab\there", "nul\x00", "del\x7f", "é✓", "a/b"]
+_RESULTS = [None, b"", b"{}", b'{"a": [1, 2.5]}', b"null", b"not json", b"\xff\xfe",
+            b"[" * (MAX_DEPTH + 1) + b"]" * (MAX_DEPTH + 1), b'{"x": NaN}', b"7",
+            b"[" + b",".join([b"[1]"] * (MAX_DEPTH + 1)) + b"]"]  # fmt: skip
+
+
+class _Text(str):
+    """A str subclass: the C writer copies only str itself."""
+
+
+def _ms(rng: random.Random) -> float | None:
+    """Timings as they come and as they could: ties of the 4-decimal rounding, values past
+    the C writer's own range, signed zeros, non-finite values."""
+    k = rng.randrange(-(10**9), 10**9)
+    return rng.choice(
+        [
+            None,
+            0.0,
+            -0.0,
+            math.nan,
+            math.inf,
+            -math.inf,
+            rng.uniform(0.0, 5.0),
+            rng.uniform(-1.0, 1.0) * 10 ** rng.randrange(-9, 9),
+            (k + 0.5) / 1e4,  # a tie, or the double nearest to one
+            k / 1e4,
+            (k + 0.5) / 1e4 + rng.choice([-1, 1]) * 1e-9,
+            rng.uniform(9.9e7, 1.1e8),
+            rng.uniform(-1e16, 1e16),
+            1e300,
+            float(rng.randrange(10**6)),
+        ]
+    )
+
+
+def _outcome(rng: random.Random) -> TaskOutcome:
+    return TaskOutcome(
+        rng.choice(_TEXTS[:2] + [f"srv-{rng.randrange(10**4)}"] * 5 + _TEXTS),
+        rng.choice(["ok", "failed", "dropped", "timeout", "lost"]),
+        _ms(rng),
+        _ms(rng),
+        _ms(rng),
+        _ms(rng),
+        rng.choice([None, True, False]),
+        rng.choice(_RESULTS),
+        rng.choice([None, None, "", "queue full", 'say "no"', "é\n✓"]),
+        _ms(rng),
+        rng.choice([0, 0, 0, 1, 7]),
+    )
+
+
+@pytest.mark.skipif(not _C, reason=_NOT_C)
+def test_the_c_writer_renders_the_bytes_of_its_python_twin() -> None:
+    rng = random.Random(5)
+    head, tail = {"query_id": "q-1", "fanout": 9}, {"request_id": "r"}
+    taken = 0
+    for n in [1, 2, 10, 100] * 200:
+        outcomes = [_outcome(rng) for _ in range(n)]
+        assert render_answer(head, outcomes, tail) == render_answer_py(head, outcomes, tail)
+        taken += queries._c_render(outcomes, *_CALLBACKS) is not None
+    assert taken == 800  # every one of them written in C
+
+
+_DECLINED = [("queue_ms", 3), ("service_ms", True), ("retries", True), ("server", 7),
+             ("missed_deadline", 0), ("result", bytearray(b"{}")), ("error", _Text("no")),
+             ("estimated_wait_ms", 2)]  # fmt: skip
+
+
+@pytest.mark.skipif(not _C, reason=_NOT_C)
+@pytest.mark.parametrize("field, value", _DECLINED)
+def test_a_field_the_c_writer_does_not_take_is_rendered_by_python(field: str, value: Any) -> None:
+    outcomes = [TaskOutcome("s", "ok", 1.0, 2.0, 3.0, 4.0, False, b"{}") for _ in range(3)]
+    setattr(outcomes[1], field, value)
+    assert queries._c_render(outcomes, *_CALLBACKS) is None
+    head = {"query_id": "q-1"}
+    assert render_answer(head, outcomes, {}) == render_answer_py(head, outcomes, {})
+
+
+@pytest.mark.skipif(not _C, reason=_NOT_C)
+def test_what_orjson_refuses_falls_back_to_the_standard_library_on_both_paths() -> None:
+    outcomes = [TaskOutcome("s\ud800", "ok", 1.0, 2.0, 3.0, 4.0, False, b'"\\ud800"')]
+    raw = render_answer({"query_id": "q-1"}, outcomes, {})
+    assert raw == render_answer_py({"query_id": "q-1"}, outcomes, {})
+    assert json.loads(raw)["tasks"][0]["server"] == "s\ud800"
