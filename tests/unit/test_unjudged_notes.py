@@ -9,7 +9,7 @@ import pytest
 from deploy import cli
 from loadtests.sim.experiments import SCENARIO_DIR, RunSummary, runs_note
 from loadtests.sim.report import TailStat
-from tests.unit.test_experiments import read_csv
+from tests.unit.sim_runs import read_csv
 
 PNGS = ("max_load_vs_slo.png", "fanout_p99_at_max_load.png")
 
