@@ -4,10 +4,12 @@ A real gateway process and real task server processes (zero service time) on
 loopback; one client sends one query at a time over HTTP. Figures per query:
 
 - gateway-added = dispatch_ms + merge_ms from the answer: request arrival to
-  the last task handed to the wire (body parse, validation, target pick,
-  x_p^u, encoding), plus the deciding result's arrival to the answer ready
-  (its CDF update, outcome, wake-up, answer). This is the gateway's share of
-  the critical path; the wait in between is the wire and the task servers;
+  the last task handed to its link (body parse, validation, target pick,
+  x_p^u, the tasks' objects; the links write their frames when the event loop
+  next turns, after this), plus the deciding result's arrival to the answer
+  ready (its CDF update, outcome, wake-up, answer). This is the gateway's
+  Python on the critical path; the wait in between is the socket calls, the
+  wire and the task servers;
 - gateway CPU = the gateway process's user+system CPU per query (all of its
   work, on or off the critical path, including HTTP parsing and the earlier
   results of the fanout), from /proc;
