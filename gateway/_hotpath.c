@@ -850,6 +850,15 @@ static int put_entry(Buf *b, PyObject *o, PyObject *seen, const Embedding *cfg, 
         if (!(f[i] == Py_None || PyFloat_CheckExact(f[i]))) goto done;
     if (!(f[9] == Py_None || PyFloat_CheckExact(f[9]))) goto done;
     if (!PyUnicode_CheckExact(f[0]) || !PyUnicode_CheckExact(f[1])) goto done;
+    retries = PyLong_AsLongLong(f[10]);
+    if (retries == -1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError)) {
+            rc = -1;
+            goto done;
+        }
+        PyErr_Clear(); /* past 64 bits: orjson refuses it too, and Python says so */
+        goto done;
+    }
     rc = -1;
     if (PUT_LIT(b, "{\"server\":") < 0 || put_text(b, f[0], text) < 0) goto done;
     if (PUT_LIT(b, ",\"status\":") < 0 || put_text(b, f[1], text) < 0) goto done;
@@ -890,8 +899,6 @@ static int put_entry(Buf *b, PyObject *o, PyObject *seen, const Embedding *cfg, 
     if (f[9] != Py_None) {
         if (PUT_LIT(b, ",\"estimated_wait_ms\":") < 0 || put_ms(b, f[9], number) < 0) goto done;
     }
-    retries = PyLong_AsLongLong(f[10]);
-    if (retries == -1 && PyErr_Occurred()) goto done;
     if (retries != 0) {
         int len = snprintf(tmp, sizeof(tmp), ",\"retries\":%lld", retries);
         if (buf_put(b, tmp, len) < 0) goto done;

@@ -142,7 +142,7 @@ def test_the_c_writer_renders_the_bytes_of_its_python_twin() -> None:
 
 _DECLINED = [("queue_ms", 3), ("service_ms", True), ("retries", True), ("server", 7),
              ("missed_deadline", 0), ("result", bytearray(b"{}")), ("error", _Text("no")),
-             ("estimated_wait_ms", 2)]  # fmt: skip
+             ("estimated_wait_ms", 2), ("retries", 2**70)]  # fmt: skip
 
 
 @pytest.mark.skipif(not _C, reason=_NOT_C)
