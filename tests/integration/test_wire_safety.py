@@ -118,13 +118,16 @@ async def test_hostile_frames_are_refused_without_growing_the_server(target: Tar
 
 @pytest.mark.parametrize("target", ["taskserver", "edge-agent"], indirect=True)
 async def test_a_fuzzed_port_never_crashes_leaks_a_slot_or_grows(target: Target) -> None:
-    """10,000 inputs: 0 crashes, 0 leaked slots; then 5,000 more grow RSS by < 4 MiB.
+    """10,000 inputs: 0 crashes, 0 leaked slots; then two repeats of 2,500 more, of which
+    at least one grows RSS by < 2 MiB.
 
-    RSS is judged on the repeat, not on the first run: the fuzzer's steady connection queues
-    valid tasks faster than their budgets let them finish (833 queued at the peak of a
-    10,000-input run, measured), so the first run raises the process's high-water mark by
-    ~8-10 MiB, and the allocator keeps those pages after the queue drains. A leak grows
-    with every input; a high-water mark does not grow again on a shorter repeat.
+    RSS is judged on the repeats, not on the first run: the fuzzer's steady connection
+    queues valid tasks faster than their budgets let them finish (833 queued at the peak of
+    a 10,000-input run, measured), so the first run raises the process's high-water mark by
+    ~8-10 MiB, and the allocator keeps those pages after the queue drains. A leak grows with
+    every input, so in both repeats (2 MiB in 2,500 inputs: 838 bytes an input, the bound
+    one repeat of 5,000 under 4 MiB had); a new high-water mark (a repeat whose queue peaks
+    higher, when the machine starves the server of CPU: 4,240 KiB in one CI run) grows one.
     """
     inputs = iter(InputGenerator(seed=13, target=target.kind))
     rss0 = rss_kib(target.popen.pid)
@@ -135,11 +138,15 @@ async def test_a_fuzzed_port_never_crashes_leaks_a_slot_or_grows(target: Target)
     assert report.idle_after_s is not None, f"slots still held: {report.final_status}"
     rss1 = rss_kib(target.popen.pid)
     assert rss1 - rss0 < 48 * 1024, f"RSS grew by {rss1 - rss0} KiB in the first run"
-    again = await fuzz(target.port, inputs, 5_000, alive=target.alive, idle_bound_s=20.0)
-    assert again.inputs == 5_000 and again.probe_failures == [] and target.alive()
-    assert again.idle_after_s is not None, f"slots still held: {again.final_status}"
-    growth_kib = rss_kib(target.popen.pid) - rss1
-    assert growth_kib < 4 * 1024, f"RSS grew by {growth_kib} KiB on the repeat"
+    growths_kib = []
+    for _ in range(2):
+        again = await fuzz(target.port, inputs, 2_500, alive=target.alive, idle_bound_s=20.0)
+        assert again.inputs == 2_500 and again.probe_failures == [] and target.alive()
+        assert again.idle_after_s is not None, f"slots still held: {again.final_status}"
+        rss2 = rss_kib(target.popen.pid)
+        growths_kib.append(rss2 - rss1)
+        rss1 = rss2
+    assert min(growths_kib) < 2 * 1024, f"RSS grew by {growths_kib} KiB on the two repeats"
     refused = target.violations()
     assert sum(refused.values()) > 1_500, refused
     assert "Traceback" not in target.log(), target.log()[-6000:]
