@@ -727,8 +727,9 @@ static int put_call(Buf *b, PyObject *fn, PyObject *arg) {
     return rc;
 }
 
-/* 0 written, 1 not taken (not a str), -1 error. ASCII without a character JSON escapes is
- * copied between quotes; anything else is the `text` callback's. */
+/* 0 written, 1 not taken (not a str), -1 error. ASCII without a character JSON escapes (nor
+ * DEL, which JSON does not escape but is left to orjson all the same) is copied between
+ * quotes; anything else is the `text` callback's. */
 static int put_text(Buf *b, PyObject *s, PyObject *text) {
     const unsigned char *d;
     Py_ssize_t n, i;

@@ -195,7 +195,7 @@ def _json_text(s: str) -> bytes:
 
 def _json_ms(x: float) -> bytes:
     """round(x, 4) as orjson writes it (render_tasks' ties and large values)."""
-    return orjson.dumps(round(x, 4))
+    return orjson.dumps(_ms(x))
 
 
 try:
