@@ -13,7 +13,8 @@
  * book's log-CDF grid for the point where a query's summed log F crosses log(p/100)
  * (crossing, probe), the twins of _crossing and _probe in gateway/cdf.py. And it writes the
  * "tasks" array of a query answer (render_tasks), the twin of gateway/queries.py's
- * render_answer_py.
+ * render_answer_py. And it takes a frame's results to their tasks and settles them into
+ * their queries (take, settle), the twins of gateway/settle.py's take_py and settle_py.
  *
  * encode_tasks(items, max_batch_bytes) -> bytes
  * decode_results(frame, max_string, max_items, max_depth, max_duration_ms, report_type, statuses)
@@ -22,19 +23,20 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <stdint.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
 #define VERSION_1 0x80010000u
-#define T_STOP 0
-#define T_BOOL 2
-#define T_DOUBLE 4
-#define T_I32 8
-#define T_STRUCT 12
-#define T_STRING 11
-#define T_LIST 15
+#define TT_STOP 0
+#define TT_BOOL 2
+#define TT_DOUBLE 4
+#define TT_I32 8
+#define TT_STRUCT 12
+#define TT_STRING 11
+#define TT_LIST 15
 #define ONEWAY 4
 #define TASK_FIELDS 9
 #define RESULT_FIELDS 9
@@ -172,16 +174,16 @@ static inline char *put_bytes(char *p, const char *s, Py_ssize_t n) {
 
 /* One Task struct, its fields in IDL order (what thriftpy2's write_struct does). */
 static char *put_task(char *p, const TaskView *t) {
-    p = put_bytes(put_head(p, T_STRING, 1), t->s[0], t->n[0]);
-    p = put_i32(put_head(p, T_I32, 2), (uint32_t)t->index);
-    p = put_f64(put_head(p, T_DOUBLE, 3), t->deadline);
-    p = put_f64(put_head(p, T_DOUBLE, 4), t->slo);
-    p = put_i32(put_head(p, T_I32, 5), (uint32_t)t->priority);
-    if (t->n[1] >= 0) p = put_bytes(put_head(p, T_STRING, 6), t->s[1], t->n[1]);
-    if (t->payload_n >= 0) p = put_bytes(put_head(p, T_STRING, 7), t->payload, t->payload_n);
-    if (t->n[2] >= 0) p = put_bytes(put_head(p, T_STRING, 8), t->s[2], t->n[2]);
-    if (t->n[3] >= 0) p = put_bytes(put_head(p, T_STRING, 9), t->s[3], t->n[3]);
-    return put_u8(p, T_STOP);
+    p = put_bytes(put_head(p, TT_STRING, 1), t->s[0], t->n[0]);
+    p = put_i32(put_head(p, TT_I32, 2), (uint32_t)t->index);
+    p = put_f64(put_head(p, TT_DOUBLE, 3), t->deadline);
+    p = put_f64(put_head(p, TT_DOUBLE, 4), t->slo);
+    p = put_i32(put_head(p, TT_I32, 5), (uint32_t)t->priority);
+    if (t->n[1] >= 0) p = put_bytes(put_head(p, TT_STRING, 6), t->s[1], t->n[1]);
+    if (t->payload_n >= 0) p = put_bytes(put_head(p, TT_STRING, 7), t->payload, t->payload_n);
+    if (t->n[2] >= 0) p = put_bytes(put_head(p, TT_STRING, 8), t->s[2], t->n[2]);
+    if (t->n[3] >= 0) p = put_bytes(put_head(p, TT_STRING, 9), t->s[3], t->n[3]);
+    return put_u8(p, TT_STOP);
 }
 
 /* Bytes of the framed message carrying tasks[a:b]. */
@@ -199,16 +201,16 @@ static char *put_frame(char *p, const TaskView *t, Py_ssize_t a, Py_ssize_t b) {
     if (b - a == 1) {
         p = put_bytes(p, "submit", 6);
         p = put_i32(p, 0);
-        p = put_task(put_head(p, T_STRUCT, 1), &t[a]);
+        p = put_task(put_head(p, TT_STRUCT, 1), &t[a]);
     } else {
         p = put_bytes(p, "submit_batch", 12);
         p = put_i32(p, 0);
-        p = put_head(p, T_LIST, 1);
-        p = put_u8(p, T_STRUCT);
+        p = put_head(p, TT_LIST, 1);
+        p = put_u8(p, TT_STRUCT);
         p = put_i32(p, (uint32_t)(b - a));
         for (i = a; i < b; i++) p = put_task(p, &t[i]);
     }
-    return put_u8(p, T_STOP);
+    return put_u8(p, TT_STOP);
 }
 
 static PyObject *encode_tasks(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -342,33 +344,33 @@ static PyObject *get_result(Reader *r, double max_duration, PyObject *report_typ
     PyObject *fields[RESULT_FIELDS], *tuple, *report;
     for (;;) {
         if (get_u8(r, &type) < 0) return NULL;
-        if (type == T_STOP) break;
+        if (type == TT_STOP) break;
         if (get_i16(r, &id) < 0 || id < 1 || id > RESULT_FIELDS) return NULL;
         if (seen & (1 << id)) return NULL; /* a field twice: left to the general decoder */
         seen |= 1 << id;
         switch (id) {
         case 1:
-            if (type != T_STRING || get_blob(r, &qid, &qid_n) < 0) return NULL;
+            if (type != TT_STRING || get_blob(r, &qid, &qid_n) < 0) return NULL;
             break;
         case 2:
-            if (type != T_I32 || get_u32(r, &index) < 0) return NULL;
+            if (type != TT_I32 || get_u32(r, &index) < 0) return NULL;
             break;
         case 3:
-            if (type != T_I32 || get_u32(r, &status) < 0) return NULL;
+            if (type != TT_I32 || get_u32(r, &status) < 0) return NULL;
             break;
         case 4:
         case 5:
         case 6:
-            if (type != T_DOUBLE || get_f64(r, &d[id - 4]) < 0) return NULL;
+            if (type != TT_DOUBLE || get_f64(r, &d[id - 4]) < 0) return NULL;
             break;
         case 7:
-            if (type != T_BOOL || get_u8(r, &missed) < 0) return NULL;
+            if (type != TT_BOOL || get_u8(r, &missed) < 0) return NULL;
             break;
         case 8:
-            if (type != T_STRING || get_blob(r, &res, &res_n) < 0) return NULL;
+            if (type != TT_STRING || get_blob(r, &res, &res_n) < 0) return NULL;
             break;
         case 9:
-            if (type != T_STRING || get_blob(r, &err, &err_n) < 0) return NULL;
+            if (type != TT_STRING || get_blob(r, &err, &err_n) < 0) return NULL;
             break;
         }
     }
@@ -476,13 +478,13 @@ static PyObject *decode_results(PyObject *self, PyObject *const *args, Py_ssize_
     if (get_u8(&r, &type) < 0 || get_i16(&r, &id) < 0 || id != 1) goto not_taken;
     if (batch) {
         int elem;
-        if (type != T_LIST || get_u8(&r, &elem) < 0 || elem != T_STRUCT) goto not_taken;
+        if (type != TT_LIST || get_u8(&r, &elem) < 0 || elem != TT_STRUCT) goto not_taken;
         if (get_u32(&r, &count) < 0 || (int32_t)count < 0 || (Py_ssize_t)count > max_items)
             goto not_taken;
         /* A result is at least its seven required fields: no list longer than the frame. */
         if ((Py_ssize_t)count > (r.end - r.pos) / 40) goto not_taken;
     } else {
-        if (type != T_STRUCT) goto not_taken;
+        if (type != TT_STRUCT) goto not_taken;
         count = 1;
     }
     out = PyList_New((Py_ssize_t)count);
@@ -495,7 +497,7 @@ static PyObject *decode_results(PyObject *self, PyObject *const *args, Py_ssize_
         }
         PyList_SET_ITEM(out, i, item);
     }
-    if (get_u8(&r, &type) < 0 || type != T_STOP || r.pos != r.end) goto not_taken;
+    if (get_u8(&r, &type) < 0 || type != TT_STOP || r.pos != r.end) goto not_taken;
     PyBuffer_Release(&view);
     return out;
 not_taken:
@@ -953,7 +955,490 @@ fail:
     return out;
 }
 
+/* ---------------------------------------------------------------- results in ------- */
+
+/* settle(batch, now, central, note_tenants, server_id, pool, metrics, tenants, labels, ok,
+ *        dropped, outcome_type) -> (statuses, post_queue, by_class, by_group) | None
+ *
+ * The twin of gateway/settle.py's settle_py (read it first): each (task, report) of a
+ * frame of results into its query (run.complete), and the frame's counts. The rare parts
+ * stay in Python, called from here in the same order as the twin calls them: a task's
+ * wait-estimate error, its tenant's gate, a drop's module, its span. None, before anything
+ * is changed, for a batch with a value of a type it does not read (the caller runs the
+ * twin): a clock that is not a float, an entry that is not a (task, report) tuple, a
+ * report that is not a 7-tuple with float durations, a task whose clocks are not floats. */
+
+enum {
+    S_RUN, S_INDEX, S_SENT, S_GQUEUE, S_PMISSED, S_EST, S_CLASS, S_FLOW, S_RETRIES, S_TRACE,
+    S_PENDING, /* the fields above are PendingTask's */
+    S_COMPLETE = S_PENDING, S_GROUP, S_WAIT_ERR, S_DROP, S_NOTE, S_END, S_NAMES
+};
+static PyObject *settle_names[S_NAMES];
+static const char *settle_text[S_NAMES] = {
+    "run", "index", "sent_s", "gateway_queue_ms", "missed_deadline", "est_wait_ms",
+    "class_name", "flow", "retries", "trace", "complete", "group", "wait_estimate_error",
+    "task_dropped", "note_task", "end",
+};
+static PyObject *end_kwnames; /* ("queue_ms", "service_ms", "missed", "error") */
+
+typedef struct {
+    PyObject *list; /* by_group's [ended, service ms summed, ran] of the current group */
+    long long ended, ran;
+    double sum;
+} GroupSums;
+
+static int group_flush(GroupSums *g) {
+    PyObject *a, *b, *c;
+    if (g->list == NULL) return 0;
+    a = PyLong_FromLongLong(g->ended);
+    b = PyFloat_FromDouble(g->sum);
+    c = PyLong_FromLongLong(g->ran);
+    if (a == NULL || b == NULL || c == NULL) {
+        Py_XDECREF(a);
+        Py_XDECREF(b);
+        Py_XDECREF(c);
+        return -1;
+    }
+    PyList_SetItem(g->list, 0, a); /* steals */
+    PyList_SetItem(g->list, 1, b);
+    PyList_SetItem(g->list, 2, c);
+    g->list = NULL;
+    return 0;
+}
+
+/* The group's sums into g (flushing the one before): the list's own values, so that a
+ * group met again later in the frame goes on from where it was, as the twin's list does. */
+static int group_open(GroupSums *g, PyObject *by_group, PyObject *group) {
+    PyObject *list = PyDict_GetItemWithError(by_group, group);
+    if (group_flush(g) < 0) return -1;
+    if (list == NULL) {
+        if (PyErr_Occurred()) return -1;
+        list = Py_BuildValue("[ifi]", 0, 0.0, 0);
+        if (list == NULL) return -1;
+        if (PyDict_SetItem(by_group, group, list) < 0) {
+            Py_DECREF(list);
+            return -1;
+        }
+        Py_DECREF(list); /* by_group holds it */
+    }
+    g->list = list;
+    g->ended = PyLong_AsLongLong(PyList_GET_ITEM(list, 0));
+    g->sum = PyFloat_AsDouble(PyList_GET_ITEM(list, 1));
+    g->ran = PyLong_AsLongLong(PyList_GET_ITEM(list, 2));
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+/* Where a slotted class (a dataclass with slots=True) keeps its fields: each one's offset,
+ * read off its member descriptor, so that the fields of its instances are read and written
+ * as the descriptor itself would, without looking the name up each time. `type` is NULL
+ * where a field is not a plain object slot (then the names are looked up). */
+typedef struct {
+    PyTypeObject *type; /* a strong reference: the offsets stay its own */
+    Py_ssize_t off[S_NAMES];
+} Layout;
+
+static Layout task_layout, outcome_layout;
+
+static void layout_of(Layout *l, PyTypeObject *t, PyObject *const *names, int n) {
+    int k;
+    Py_CLEAR(l->type);
+    for (k = 0; k < n; k++) {
+        PyObject *d = _PyType_Lookup(t, names[k]);
+        PyMemberDef *m;
+        if (d == NULL || !Py_IS_TYPE(d, &PyMemberDescr_Type)) return;
+        m = ((PyMemberDescrObject *)d)->d_member;
+        if (m->type != T_OBJECT_EX || (m->flags & READONLY)) return;
+        l->off[k] = m->offset;
+    }
+    Py_INCREF(t);
+    l->type = t;
+}
+
+/* o.<names[k]> as a new reference (NULL with AttributeError where it is unset). */
+static PyObject *field(PyObject *o, const Layout *l, PyObject *const *names, int k) {
+    PyObject *v;
+    if (Py_TYPE(o) != l->type) return PyObject_GetAttr(o, names[k]);
+    v = *(PyObject **)((char *)o + l->off[k]);
+    if (v == NULL) return PyObject_GetAttr(o, names[k]); /* raises as Python would */
+    Py_INCREF(v);
+    return v;
+}
+
+static int float_attr(PyObject *o, int k, double *out) {
+    PyObject *v = field(o, &task_layout, settle_names, k);
+    int ok;
+    if (v == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    ok = PyFloat_CheckExact(v);
+    if (ok) *out = PyFloat_AS_DOUBLE(v);
+    Py_DECREF(v);
+    return ok;
+}
+
+static int count_add(PyObject *d, PyObject *key, long long n) {
+    PyObject *old = PyDict_GetItemWithError(d, key), *v;
+    int rc;
+    if (old == NULL && PyErr_Occurred()) return -1;
+    v = PyLong_FromLongLong((old == NULL ? 0 : PyLong_AsLongLong(old)) + n);
+    if (v == NULL) return -1;
+    rc = PyDict_SetItem(d, key, v);
+    Py_DECREF(v);
+    return rc;
+}
+
+/* A TaskOutcome with these fields, in its order: what its dataclass __init__ does (it only
+ * assigns them), without the call into Python. A type whose fields are not all object
+ * slots is called. */
+static PyObject *new_outcome(PyObject *type, PyObject *const *fields) {
+    PyTypeObject *t = (PyTypeObject *)type;
+    PyObject *o;
+    int k;
+    if (!PyType_Check(type)) return PyObject_Vectorcall(type, fields, 11, NULL);
+    if (outcome_layout.type != t) layout_of(&outcome_layout, t, attr_names, 11);
+    if (outcome_layout.type != t) return PyObject_Vectorcall(type, fields, 11, NULL);
+    o = t->tp_alloc(t, 0);
+    if (o == NULL) return NULL;
+    for (k = 0; k < 11; k++) {
+        Py_INCREF(fields[k]);
+        *(PyObject **)((char *)o + outcome_layout.off[k]) = fields[k];
+    }
+    return o;
+}
+
+typedef struct {
+    PyObject *const *args; /* settle's own */
+    int central, note_tenants;
+    double now;
+    PyObject *statuses, *post_queue, *by_class, *by_group, *last_group;
+    GroupSums g;
+} Frame;
+
+static PyObject *settle_one(Frame *f, PyObject *p, PyObject *r, double sent, double gq) {
+    PyObject *const *args = f->args;
+    int central = f->central;
+    double now = f->now;
+    PyObject *statuses = f->statuses, *post_queue = f->post_queue, *by_class = f->by_class;
+    GroupSums *g = &f->g;
+    PyObject *server_id = args[4], *pool = args[5], *metrics = args[6], *tenants = args[7];
+    PyObject *labels = args[8], *ok = args[9], *dropped = args[10], *outcome_type = args[11];
+    PyObject *code = PyTuple_GET_ITEM(r, 0), *r_queue = PyTuple_GET_ITEM(r, 1);
+    PyObject *service = PyTuple_GET_ITEM(r, 2), *result = PyTuple_GET_ITEM(r, 5);
+    PyObject *error = PyTuple_GET_ITEM(r, 6);
+    double r_queue_ms = PyFloat_AS_DOUBLE(r_queue), service_ms = PyFloat_AS_DOUBLE(service);
+    double server_ms = PyFloat_AS_DOUBLE(PyTuple_GET_ITEM(r, 3));
+    double post_queue_ms, queue_ms, net_ms;
+    PyObject *status, *est = NULL, *retries = NULL, *trace = NULL, *outcome = NULL;
+    PyObject *run = NULL, *index = NULL, *group = NULL, *tmp = NULL, *missed_o;
+    PyObject *pq = NULL, *qm = NULL, *cls = NULL, *res = NULL;
+    Py_ssize_t label_i;
+    int missed, ran = code == ok;
+
+    label_i = PyNumber_AsSsize_t(code, PyExc_IndexError);
+    if (label_i == -1 && PyErr_Occurred()) return NULL;
+    status = PySequence_GetItem(labels, label_i);
+    if (status == NULL) return NULL;
+    if (central) {
+        /* The dequeue happened here, when the task was sent (TailGuard §III.C.2). */
+        post_queue_ms = (now - sent) * 1000.0;
+        queue_ms = gq + r_queue_ms;
+        tmp = field(p, &task_layout, settle_names, S_PMISSED);
+        if (tmp == NULL) goto done;
+        missed = PyObject_IsTrue(tmp);
+        Py_CLEAR(tmp);
+    } else {
+        /* No shared clock: the round trip split into server time and network time. */
+        net_ms = (now - sent) * 1000.0 - server_ms;
+        if (net_ms < 0.0) net_ms = 0.0;
+        post_queue_ms = (server_ms - r_queue_ms) + net_ms / 2.0;
+        queue_ms = r_queue_ms + net_ms / 2.0;
+        missed = PyObject_IsTrue(PyTuple_GET_ITEM(r, 4));
+    }
+    if (missed < 0) goto done;
+    missed_o = missed ? Py_True : Py_False;
+    if (count_add(statuses, status, 1) < 0) goto done;
+    pq = PyFloat_FromDouble(post_queue_ms);
+    qm = PyFloat_FromDouble(queue_ms);
+    est = field(p, &task_layout, settle_names, S_EST);
+    if (pq == NULL || qm == NULL || est == NULL) goto done;
+    if (ran) {
+        PyObject *counts;
+        if (est != Py_None) {
+            PyObject *call[4] = {metrics, pool, central ? qm : r_queue, est};
+            tmp = PyObject_VectorcallMethod(settle_names[S_WAIT_ERR], call,
+                                            4 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+            if (tmp == NULL) goto done;
+            Py_CLEAR(tmp);
+        }
+        if (PyList_Append(post_queue, pq) < 0) goto done;
+        cls = field(p, &task_layout, settle_names, S_CLASS);
+        if (cls == NULL) goto done;
+        counts = PyDict_GetItemWithError(by_class, cls);
+        if (counts == NULL) {
+            if (PyErr_Occurred()) goto done;
+            counts = Py_BuildValue("[ii]", missed, 1);
+            if (counts == NULL || PyDict_SetItem(by_class, cls, counts) < 0) {
+                Py_XDECREF(counts);
+                goto done;
+            }
+            Py_DECREF(counts);
+        } else {
+            long long m = PyLong_AsLongLong(PyList_GET_ITEM(counts, 0));
+            long long n = PyLong_AsLongLong(PyList_GET_ITEM(counts, 1));
+            PyObject *a, *b;
+            if (PyErr_Occurred()) goto done;
+            a = PyLong_FromLongLong(m + missed);
+            b = PyLong_FromLongLong(n + 1);
+            if (a == NULL || b == NULL) {
+                Py_XDECREF(a);
+                Py_XDECREF(b);
+                goto done;
+            }
+            PyList_SetItem(counts, 0, a);
+            PyList_SetItem(counts, 1, b);
+        }
+        if (f->note_tenants) {
+            PyObject *flow = field(p, &task_layout, settle_names, S_FLOW), *call[4];
+            if (flow == NULL) goto done;
+            call[0] = tenants;
+            call[1] = flow;
+            call[2] = missed_o;
+            call[3] = cls;
+            tmp = PyObject_VectorcallMethod(settle_names[S_NOTE], call,
+                                            4 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+            Py_DECREF(flow);
+            if (tmp == NULL) goto done;
+            Py_CLEAR(tmp);
+        }
+    } else if (code == dropped) {
+        PyObject *call[3] = {metrics, pool, error};
+        tmp = PyObject_VectorcallMethod(settle_names[S_DROP], call,
+                                        3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        if (tmp == NULL) goto done;
+        Py_CLEAR(tmp);
+    }
+    retries = field(p, &task_layout, settle_names, S_RETRIES);
+    if (retries == NULL) goto done;
+    {
+        PyObject *fields[11] = {server_id, status, qm, service, pq,
+                                PyTuple_GET_ITEM(r, 3), missed_o, result, error, est, retries};
+        outcome = new_outcome(outcome_type, fields);
+        if (outcome == NULL) goto done;
+    }
+    trace = field(p, &task_layout, settle_names, S_TRACE);
+    if (trace == NULL) goto done;
+    if (trace != Py_None) {
+        PyObject *call[8] = {trace, status, server_id, retries, qm, service, missed_o, error};
+        tmp = PyObject_VectorcallMethod(settle_names[S_END], call,
+                                        4 | PY_VECTORCALL_ARGUMENTS_OFFSET, end_kwnames);
+        if (tmp == NULL) goto done;
+        Py_CLEAR(tmp);
+    }
+    run = field(p, &task_layout, settle_names, S_RUN);
+    index = field(p, &task_layout, settle_names, S_INDEX);
+    if (run == NULL || index == NULL) goto done;
+    {
+        PyObject *call[4] = {run, index, outcome, args[1]};
+        tmp = PyObject_VectorcallMethod(settle_names[S_COMPLETE], call,
+                                        4 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        if (tmp == NULL) goto done;
+        Py_CLEAR(tmp);
+    }
+    group = PyObject_GetAttr(run, settle_names[S_GROUP]);
+    if (group == NULL) goto done;
+    if (group != Py_None) {
+        /* The tasks of a frame are mostly of one group: its sums stay here meanwhile. */
+        int other = f->last_group == NULL
+                        ? 1
+                        : PyObject_RichCompareBool(group, f->last_group, Py_NE);
+        if (other < 0) goto done;
+        if (other) {
+            if (group_open(g, f->by_group, group) < 0) goto done;
+            Py_INCREF(group);
+            Py_XSETREF(f->last_group, group);
+        }
+        g->ended += 1;
+        if (ran && 0.0 <= service_ms && service_ms < INFINITY) {
+            g->sum += service_ms;
+            g->ran += 1;
+        }
+    }
+    res = Py_None;
+    Py_INCREF(res);
+done:
+    Py_DECREF(status);
+    Py_XDECREF(pq);
+    Py_XDECREF(qm);
+    Py_XDECREF(est);
+    Py_XDECREF(cls);
+    Py_XDECREF(retries);
+    Py_XDECREF(outcome);
+    Py_XDECREF(trace);
+    Py_XDECREF(run);
+    Py_XDECREF(index);
+    Py_XDECREF(group);
+    Py_XDECREF(tmp);
+    return res;
+}
+
+static PyObject *settle(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    PyObject *batch, *out = NULL;
+    double *clocks = NULL;
+    Py_ssize_t n, i;
+    Frame f = {args, 0, 0, 0.0, NULL, NULL, NULL, NULL, NULL, {NULL, 0, 0, 0.0}};
+    (void)self;
+    if (nargs != 12) {
+        PyErr_SetString(PyExc_TypeError,
+                        "settle(batch, now, central, note_tenants, server_id, pool, metrics, "
+                        "tenants, labels, ok, dropped, outcome_type)");
+        return NULL;
+    }
+    if (!PyFloat_CheckExact(args[1]) || !PyList_CheckExact(args[0])) Py_RETURN_NONE;
+    f.now = PyFloat_AS_DOUBLE(args[1]);
+    if ((f.central = PyObject_IsTrue(args[2])) < 0) return NULL;
+    if ((f.note_tenants = PyObject_IsTrue(args[3])) < 0) return NULL;
+    /* A copy: a callback may change the caller's list, never what this frame settles. */
+    batch = PyList_GetSlice(args[0], 0, PyList_GET_SIZE(args[0]));
+    if (batch == NULL) return NULL;
+    n = PyList_GET_SIZE(batch);
+    clocks = PyMem_Malloc(sizeof(double) * (size_t)(2 * n + 1));
+    if (clocks == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    if (n > 0) {
+        PyObject *e = PyList_GET_ITEM(batch, 0);
+        if (PyTuple_CheckExact(e) && PyTuple_GET_SIZE(e) == 2) {
+            PyTypeObject *t = Py_TYPE(PyTuple_GET_ITEM(e, 0));
+            if (task_layout.type != t) layout_of(&task_layout, t, settle_names, S_PENDING);
+        }
+    }
+    /* First, with nothing changed: is every value one this reads? */
+    for (i = 0; i < n; i++) {
+        PyObject *e = PyList_GET_ITEM(batch, i), *r;
+        int k;
+        if (!PyTuple_CheckExact(e) || PyTuple_GET_SIZE(e) != 2) goto decline;
+        r = PyTuple_GET_ITEM(e, 1);
+        if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) != REPORT_FIELDS) goto decline;
+        for (k = 1; k <= 3; k++)
+            if (!PyFloat_CheckExact(PyTuple_GET_ITEM(r, k))) goto decline;
+        if (!float_attr(PyTuple_GET_ITEM(e, 0), S_SENT, &clocks[2 * i]))
+            goto decline;
+        clocks[2 * i + 1] = 0.0;
+        if (f.central && !float_attr(PyTuple_GET_ITEM(e, 0), S_GQUEUE,
+                                     &clocks[2 * i + 1]))
+            goto decline;
+    }
+    f.statuses = PyDict_New();
+    f.post_queue = PyList_New(0);
+    f.by_class = PyDict_New();
+    f.by_group = PyDict_New();
+    if (f.statuses == NULL || f.post_queue == NULL || f.by_class == NULL || f.by_group == NULL)
+        goto fail;
+    for (i = 0; i < n; i++) {
+        PyObject *e = PyList_GET_ITEM(batch, i);
+        PyObject *rc = settle_one(&f, PyTuple_GET_ITEM(e, 0), PyTuple_GET_ITEM(e, 1),
+                                  clocks[2 * i], clocks[2 * i + 1]);
+        if (rc == NULL) goto fail;
+        Py_DECREF(rc);
+    }
+    if (group_flush(&f.g) < 0) goto fail;
+    out = PyTuple_Pack(4, f.statuses, f.post_queue, f.by_class, f.by_group);
+    goto fail;
+decline:
+    out = Py_None;
+    Py_INCREF(out);
+fail:
+    PyMem_Free(clocks);
+    Py_DECREF(batch);
+    Py_XDECREF(f.statuses);
+    Py_XDECREF(f.post_queue);
+    Py_XDECREF(f.by_class);
+    Py_XDECREF(f.by_group);
+    Py_XDECREF(f.last_group);
+    return out;
+}
+
+/* take(items, outstanding, rejected) -> (batch, refused) | None: the twin of
+ * gateway/settle.py's take_py. The (task, report) of each decoded result whose task is
+ * outstanding (its query id maps to a task of that index), taken out of `outstanding`, in
+ * order; `refused`: whether a report's status is `rejected`. None, with nothing taken, for
+ * an item that is not a (str, int, tuple) tuple. */
+static PyObject *take_results(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    PyObject *items, *outstanding, *batch, *out = NULL;
+    Py_ssize_t n, i;
+    int refused = 0;
+    (void)self;
+    if (nargs != 3 || !PyDict_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "take(items, outstanding: dict, rejected)");
+        return NULL;
+    }
+    items = args[0];
+    outstanding = args[1];
+    if (!PyList_CheckExact(items)) Py_RETURN_NONE;
+    n = PyList_GET_SIZE(items);
+    for (i = 0; i < n; i++) {
+        PyObject *e = PyList_GET_ITEM(items, i);
+        if (!PyTuple_CheckExact(e) || PyTuple_GET_SIZE(e) != 3 ||
+            !PyUnicode_CheckExact(PyTuple_GET_ITEM(e, 0)) ||
+            !PyLong_CheckExact(PyTuple_GET_ITEM(e, 1)) || !PyTuple_Check(PyTuple_GET_ITEM(e, 2)) ||
+            PyTuple_GET_SIZE(PyTuple_GET_ITEM(e, 2)) < 1)
+            Py_RETURN_NONE;
+    }
+    batch = PyList_New(0);
+    if (batch == NULL) return NULL;
+    for (i = 0; i < n; i++) {
+        PyObject *e = PyList_GET_ITEM(items, i), *qid = PyTuple_GET_ITEM(e, 0);
+        PyObject *report = PyTuple_GET_ITEM(e, 2), *p, *index, *pair;
+        int other;
+        p = PyDict_GetItemWithError(outstanding, qid);
+        if (p == NULL) {
+            if (PyErr_Occurred()) goto fail;
+            continue; /* the query already ended (failed, timed out, or cancelled) */
+        }
+        Py_INCREF(p);
+        if (task_layout.type != Py_TYPE(p))
+            layout_of(&task_layout, Py_TYPE(p), settle_names, S_PENDING);
+        index = field(p, &task_layout, settle_names, S_INDEX);
+        if (index == NULL) {
+            Py_DECREF(p);
+            goto fail;
+        }
+        other = PyObject_RichCompareBool(index, PyTuple_GET_ITEM(e, 1), Py_NE);
+        Py_DECREF(index);
+        if (other != 0) {
+            Py_DECREF(p);
+            if (other < 0) goto fail;
+            continue;
+        }
+        if (PyDict_DelItem(outstanding, qid) < 0) {
+            Py_DECREF(p);
+            goto fail;
+        }
+        if (PyTuple_GET_ITEM(report, 0) == args[2]) refused = 1;
+        pair = PyTuple_Pack(2, p, report);
+        Py_DECREF(p);
+        if (pair == NULL || PyList_Append(batch, pair) < 0) {
+            Py_XDECREF(pair);
+            goto fail;
+        }
+        Py_DECREF(pair);
+    }
+    out = Py_BuildValue("(OO)", batch, refused ? Py_True : Py_False);
+fail:
+    Py_DECREF(batch);
+    return out;
+}
+
 static PyMethodDef methods[] = {
+    {"take", (PyCFunction)(void (*)(void))take_results, METH_FASTCALL,
+     "take(items, outstanding, rejected) -> (batch, refused), or None for items left to the "
+     "caller"},
+    {"settle", (PyCFunction)(void (*)(void))settle, METH_FASTCALL,
+     "settle(batch, now, central, note_tenants, server_id, pool, metrics, tenants, labels, ok, "
+     "dropped, outcome_type) -> (statuses, post_queue, by_class, by_group), or None for a "
+     "batch left to the caller"},
     {"render_tasks", (PyCFunction)(void (*)(void))render_tasks, METH_FASTCALL,
      "render_tasks(outcomes, loads, max_depth, embed, text, number) -> the answer's tasks "
      "array as JSON bytes, "
@@ -984,5 +1469,12 @@ PyMODINIT_FUNC PyInit__hotpath(void) {
         if (attr_names[i] == NULL) attr_names[i] = PyUnicode_InternFromString(attr_text[i]);
         if (attr_names[i] == NULL) return NULL;
     }
+    for (i = 0; i < S_NAMES; i++) {
+        if (settle_names[i] == NULL) settle_names[i] = PyUnicode_InternFromString(settle_text[i]);
+        if (settle_names[i] == NULL) return NULL;
+    }
+    if (end_kwnames == NULL)
+        end_kwnames = Py_BuildValue("(ssss)", "queue_ms", "service_ms", "missed", "error");
+    if (end_kwnames == NULL) return NULL;
     return PyModule_Create(&module);
 }

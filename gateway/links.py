@@ -42,6 +42,7 @@ from gateway.central import CentralQueue
 from gateway.hotpath import ResultFrames, ResultItem, TaskFrames
 from gateway.pacing import JITTER
 from gateway.queries import PendingTask
+from gateway.settle import take
 from taskserver.backoff import Backoff, RetryLog
 from taskserver.frontends import reported_loads
 from taskserver.messages import result_problem
@@ -832,21 +833,14 @@ class ServerLink:
         """A frame of results the decoder took whole (gateway.hotpath: already checked as
         result_problem would), told to the query path at once."""
         self._last_heard_s = now = self.clock()
-        outstanding = self.outstanding
-        batch: list[tuple[PendingTask, TaskReport]] = []
-        queue = self.queue
-        for query_id, index, report in items:
-            p = outstanding.get(query_id)
-            if p is None or p.index != index:
-                continue  # the query already ended (failed, timed out, or cancelled)
-            del outstanding[query_id]
-            if report[0] is _REJECTED:
-                self._repoll = True  # REJECTED: is the server draining, or owned elsewhere?
-                self._poll_now.set()
-            if queue is not None:
-                queue.done()
+        batch, refused = take(items, self.outstanding, _REJECTED)
+        if refused:
+            self._repoll = True  # REJECTED: is the server draining, or owned elsewhere?
+            self._poll_now.set()
+        if self.queue is not None:
+            for _ in batch:  # central queueing: each result frees a slot here
+                self.queue.done()
                 self._pump()
-            batch.append((p, report))
         if not batch:
             return
         self.results += len(batch)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
@@ -60,6 +59,7 @@ from gateway.queries import (
 )
 from gateway.requests import QueryRequest, Targets, check_task
 from gateway.server_registry import ServerRegistry
+from gateway.settle import Settled, settle
 from gateway.targets import BusyRetry
 from gateway.tenants import SHARE_REASON, Tenants
 from gateway.tracing import Caller, GatewayTracer, QuerySpan
@@ -67,9 +67,7 @@ from gateway.waits import NewTask, largest_mean_ms, link_wait
 from taskserver.abc import InvalidTask
 from taskserver.wire import TaskStatus
 
-_LABEL = [TaskStatus(i).label for i in range(len(TaskStatus))]
-"""TaskStatus -> the API's status name, by index (an IntEnum indexes a list in C)."""
-_OK, _REJECTED, _DROPPED = TaskStatus.OK, TaskStatus.REJECTED, TaskStatus.DROPPED
+_REJECTED = TaskStatus.REJECTED
 
 GROUP_RATE_WINDOW_S = 10.0
 """GET /v1/groups: a group's arrival rate is weighted over this many seconds."""
@@ -802,102 +800,19 @@ class QueryPath:
 
     def _settle(
         self, link: TaskLink, batch: list[tuple[PendingTask, TaskReport]], now: float
-    ) -> tuple[
-        dict[str, int],
-        list[float],
-        dict[str, list[int]],
-        dict[tuple[str, str, int], list[float]],
-    ]:
-        """Each task's outcome into its query; the frame's counts by status, post-queuing
-        times, [misses, tasks] by class and [ended, service ms summed, ran] by request group"""
+    ) -> Settled:
+        """Each task's outcome into its query, and the frame's counts (gateway.settle)."""
         central = link.central
-        server_id, pool = link.server_id, link.pool
-        metrics, tenants = self.metrics, self.tenants
-        statuses: dict[str, int] = {}
-        post_queue: list[float] = []
-        """Post-queuing times of the tasks that ran (status ok), for the CDF book."""
-        by_class: dict[str, list[int]] = {}
-        """Class -> [misses, tasks] of the tasks that ran."""
-        by_group: dict[tuple[str, str, int], list[float]] = {}
-        """Request group -> [tasks ended, service ms summed, tasks that ran]."""
-        note_tenants = bool(tenants.gates) and not central
-        last_group: tuple[str, str, int] | None = None
-        ended: list[float] = []
-        for p, r in batch:
-            # TaskReport is a tuple: unpacked at once, this runs once per task.
-            code, r_queue_ms, service_ms, server_ms, r_missed, result, error = r
-            status = _LABEL[code]
-            if central:
-                # The dequeue happened here, when the task was sent (TailGuard §III.C.2).
-                post_queue_ms = (now - p.sent_s) * 1000.0
-                queue_ms = p.gateway_queue_ms + r_queue_ms
-                missed = bool(p.missed_deadline)
-            else:
-                # No shared clock: split the round trip into server time and network time,
-                # and charge the server's post-dequeue part plus the return half.
-                net_ms = (now - p.sent_s) * 1000.0 - server_ms
-                if net_ms < 0.0:
-                    net_ms = 0.0
-                post_queue_ms = (server_ms - r_queue_ms) + net_ms / 2.0
-                queue_ms = r_queue_ms + net_ms / 2.0
-                missed = bool(r_missed)
-            statuses[status] = statuses.get(status, 0) + 1
-            est_wait_ms = p.est_wait_ms
-            ran = code is _OK
-            if ran:
-                if est_wait_ms is not None:
-                    # The server's own queue wait (server queueing: no network in it).
-                    actual_ms = queue_ms if central else r_queue_ms
-                    metrics.wait_estimate_error(pool, actual_ms, est_wait_ms)
-                post_queue.append(post_queue_ms)
-                cls = p.class_name
-                counts = by_class.get(cls)
-                if counts is None:
-                    counts = by_class[cls] = [0, 0]
-                counts[0] += missed
-                counts[1] += 1
-                if note_tenants:
-                    tenants.note_task(p.flow, missed, cls)
-            elif code is _DROPPED:
-                metrics.task_dropped(pool, error)
-            # Positional: this runs once per task (field order of TaskOutcome).
-            outcome = TaskOutcome(
-                server_id,
-                status,
-                queue_ms,
-                service_ms,
-                post_queue_ms,
-                server_ms,
-                missed,
-                result,
-                error,
-                est_wait_ms,
-                p.retries,
-            )
-            if p.trace is not None:
-                p.trace.end(
-                    status,
-                    server_id,
-                    p.retries,
-                    queue_ms=queue_ms,
-                    service_ms=service_ms,
-                    missed=missed,
-                    error=error,
-                )
-            run = p.run
-            run.complete(p.index, outcome, now)
-            group = run.group
-            if group is not None:
-                if group != last_group:  # the tasks of a frame are mostly of one group
-                    ended = by_group.get(group)  # type: ignore[assignment]
-                    if ended is None:
-                        ended = by_group[group] = [0, 0.0, 0]
-                    last_group = group
-                ended[0] += 1
-                if ran and 0.0 <= service_ms < math.inf:
-                    ended[1] += service_ms
-                    ended[2] += 1
-        return statuses, post_queue, by_class, by_group
+        return settle(
+            batch,
+            now,
+            central,
+            bool(self.tenants.gates) and not central,
+            link.server_id,
+            link.pool,
+            self.metrics,
+            self.tenants,
+        )
 
     def on_dequeue(self, link: TaskLink, p: PendingTask) -> None:
         """Central queueing: a task left this gateway's queue; its miss is known now."""
