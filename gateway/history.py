@@ -233,6 +233,11 @@ def _translated(what: str) -> Iterator[None]:
         raise HistoryError(f"{what}: {exc.__class__.__name__}: {detail}") from exc
 
 
+def _has_index(engine: Engine, name: str | None) -> bool:
+    """Whether the history table has an index of this name (another replica made it)."""
+    return any(i["name"] == name for i in inspect(engine).get_indexes(history_table.name))
+
+
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur = dbapi_conn.cursor()
     # WAL: the dashboard's reads never wait for the sampler's write; a crash loses no
@@ -274,11 +279,28 @@ class HistoryStore:
         self._lock = threading.Lock()
         try:
             with _translated(f"history store {self.where}: cannot open"), self._lock:
-                metadata.create_all(self.engine)
+                self._create_table()
                 self._add_replica_column()
         except BaseException:
             self.engine.dispose()
             raise
+
+    def _create_table(self) -> None:
+        """The table and its index, where they are missing. Replicas sharing one database
+        start together: between another one's check and its CREATE this one may create the
+        table, and its CREATE then fails ("already exists"). What exists after such a failure
+        is checked again, item by item, and kept."""
+        try:
+            metadata.create_all(self.engine)
+        except SQLAlchemyError:
+            if not inspect(self.engine).has_table(history_table.name):
+                raise  # not the race: the database refused for another reason
+            for index in history_table.indexes:
+                try:
+                    index.create(self.engine, checkfirst=True)
+                except SQLAlchemyError:
+                    if not _has_index(self.engine, index.name):
+                        raise
 
     def _add_replica_column(self) -> None:
         """A table written before replicas were told apart gets the column (rows: "")."""

@@ -159,6 +159,51 @@ def test_store_survives_reopening_and_memory_store_works(tmp_path: Path) -> None
         memory.close()
 
 
+@pytest.mark.parametrize("also_index", [True, False], ids=["table-and-index", "table-only"])
+def test_a_replica_that_loses_the_race_to_create_the_table_opens_it(
+    tmp_path: Path, also_index: bool
+) -> None:
+    """Two replicas sharing one database start together: the other one creates the table
+    between this one's check and its CREATE (here: from the DDL hook that runs just before
+    it), and this one's CREATE fails. It opens the table the other made, index and all."""
+    from sqlalchemy import event
+    from sqlalchemy.dialects import sqlite
+    from sqlalchemy.schema import CreateIndex, CreateTable
+
+    from gateway.history import history_table
+
+    path = tmp_path / "h.db"
+    dialect = sqlite.dialect()
+    ddl = [str(CreateTable(history_table).compile(dialect=dialect))]
+    if also_index:
+        ddl += [str(CreateIndex(i).compile(dialect=dialect)) for i in history_table.indexes]
+    raced = []
+
+    def other_replica(*_: Any, **__: Any) -> None:
+        con = sqlite3.connect(path, timeout=10.0)
+        for statement in ddl:
+            con.execute(statement)
+        con.commit()
+        con.close()
+        raced.append(True)
+
+    event.listen(history_table, "before_create", other_replica)
+    try:
+        store = HistoryStore(f"sqlite:///{path}", replica="gw-a")
+    finally:
+        event.remove(history_table, "before_create", other_replica)
+    try:
+        assert raced == [True]
+        store.append({"t": T0, "qps": {"A": 1.0}}, keep_after=0.0)
+        assert store.since(0.0) == [{"t": T0, "qps": {"A": 1.0}}]
+    finally:
+        store.close()
+    con = sqlite3.connect(path)
+    indexes = [r[1] for r in con.execute("PRAGMA index_list(gateway_history)")]
+    con.close()
+    assert [i.name for i in history_table.indexes] == indexes  # made by one or the other
+
+
 def test_store_errors_are_translated(tmp_path: Path) -> None:
     with pytest.raises(HistoryError, match="storage_url"):
         HistoryStore("nosuchdialect://x/y")
