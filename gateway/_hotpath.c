@@ -1039,9 +1039,13 @@ typedef struct {
 
 static Layout task_layout, outcome_layout;
 
+static PyObject *post_init_name; /* "__post_init__" */
+
 static void layout_of(Layout *l, PyTypeObject *t, PyObject *const *names, int n) {
     int k;
     Py_CLEAR(l->type);
+    /* A dataclass that does more than assign its fields is built by its own __init__. */
+    if (_PyType_Lookup(t, post_init_name) != NULL) return;
     for (k = 0; k < n; k++) {
         PyObject *d = _PyType_Lookup(t, names[k]);
         PyMemberDef *m;
@@ -1473,8 +1477,12 @@ PyMODINIT_FUNC PyInit__hotpath(void) {
         if (settle_names[i] == NULL) settle_names[i] = PyUnicode_InternFromString(settle_text[i]);
         if (settle_names[i] == NULL) return NULL;
     }
+    if (post_init_name == NULL) post_init_name = PyUnicode_InternFromString("__post_init__");
+    if (post_init_name == NULL) return NULL;
     if (end_kwnames == NULL)
         end_kwnames = Py_BuildValue("(ssss)", "queue_ms", "service_ms", "missed", "error");
+    if (post_init_name == NULL) post_init_name = PyUnicode_InternFromString("__post_init__");
+    if (post_init_name == NULL) return NULL;
     if (end_kwnames == NULL) return NULL;
     return PyModule_Create(&module);
 }

@@ -5,6 +5,7 @@ order, on random frames; what the C side does not read it leaves untouched."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import random
 from collections.abc import Callable
@@ -276,5 +277,26 @@ def test_items_the_c_side_does_not_read_leave_the_frame_to_python(bad: Any) -> N
         before = dict(outstanding)
         assert settle_mod._c_take([*items, bad], outstanding, TaskStatus.REJECTED) is None
         assert outstanding == before  # nothing taken
+
+    asyncio.run(go())
+
+
+@pytest.mark.skipif(not _C, reason=_NOT_C)
+def test_an_outcome_type_that_does_more_than_assign_is_built_by_its_own_init() -> None:
+    """The C side writes a TaskOutcome's slots itself (its __init__ only assigns them); a
+    type with a __post_init__ is called instead."""
+    made: list[str] = []
+
+    @dataclasses.dataclass(slots=True)
+    class Checked(TaskOutcome):
+        def __post_init__(self) -> None:
+            made.append(self.status)
+
+    async def go() -> None:
+        world = World(next(s for s in range(100) if len(World(s).batch) >= 3))
+        out = settle_mod._c_settle(*world.args(), LABELS, TaskStatus.OK, TaskStatus.DROPPED,
+                                   Checked)  # fmt: skip
+        assert out is not None and len(made) == len(world.batch)
+        assert all(type(o) is Checked for r in world.runs for o in r.outcomes if o is not None)
 
     asyncio.run(go())
