@@ -94,6 +94,15 @@ def calibrate_seeds(
             f"{name}: no load met the SLOs without admission on some seed "
             f"(max loads {[round(m, 3) for m, _ in calib]}): run more queries (--queries)"
         )
+    if not all(0.0 < r < 1.0 for _, r in calib):
+        # The admission rules need it as their threshold: none without a max load (nan),
+        # and none where no task missed there (a run too short to see the tail).
+        raise ValueError(
+            f"{name}: R_cth^U, the miss ratio without admission at the max load, is "
+            f"{[round(r, 5) for _, r in calib]} by seed (max loads "
+            f"{[round(m, 3) for m, _ in calib]}); it must be in (0, 1) to be the admission "
+            f"threshold: run more queries (--queries)"
+        )
     return calib
 
 

@@ -63,3 +63,15 @@ def test_predictive_admission_experiment_sweeps_multiples_of_the_max_load(
     top = [r for r in rows if r["rule"] == "predictive" and float(r["multiple"]) == 3.0]
     assert int(top[0]["admission_rejected"]) > 0  # at 3x the max load it turns queries away
     assert "target met" in md.read_text(encoding="utf-8")
+
+
+def test_a_run_too_short_to_set_r_cth_u_is_refused_naming_what_to_do(
+    tmp_path: Path, tailbench_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Too few queries to measure the miss ratio at the max load: a message that says so
+    and names --queries, not the admission config's own complaint about a nan threshold."""
+    monkeypatch.setattr(oe, "ADMISSION_LOADS", (0.4, 1.0))
+    monkeypatch.setattr(oe, "WINDOW_FRACTIONS", (1.0,))
+    with pytest.raises(ValueError, match=r"R_cth\^U.*must be in \(0, 1\).*--queries"):
+        run_tiny("admission", tmp_path, tailbench_dir, queries=1500, tol=0.3)
+    assert not (tmp_path / "admission" / "admission.csv").exists()  # nothing half-written
