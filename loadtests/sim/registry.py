@@ -8,6 +8,7 @@ and the output helpers (`loadtests.sim.output`), never this module or each other
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -58,6 +59,16 @@ MODULES = (
 EXPERIMENTS: dict[str, Experiment] = {e.name: e for m in MODULES for e in m.EXPERIMENTS}
 """Every experiment by name."""
 assert len(EXPERIMENTS) == sum(len(m.EXPERIMENTS) for m in MODULES), "experiment names repeat"
+
+
+def _first_missing(folder: Path) -> Path | None:
+    """The outermost of `folder` and its parents that does not exist yet (None: it exists)."""
+    missing = None
+    for d in (folder, *folder.parents):
+        if d.exists():
+            break
+        missing = d
+    return missing
 
 
 def run_experiment(
@@ -129,12 +140,18 @@ def run_experiment(
                 raise ValueError(f"Tailbench service times for {app} not found in {st.data_dir}")
         else:
             st.scenario(base, app)  # a missing data file fails now, not after minutes of runs
+    made = _first_missing(st.out_dir)
     st.out_dir.mkdir(parents=True, exist_ok=True)
-    t0 = time.monotonic()
-    sections = exp.body(st, base)
-    text = _markdown(exp, st, base, sections, time.monotonic() - t0)
-    md = st.out_dir / f"{name}.md"
-    md.write_text(text, encoding="utf-8")
+    try:
+        t0 = time.monotonic()
+        sections = exp.body(st, base)
+        text = _markdown(exp, st, base, sections, time.monotonic() - t0)
+        md = st.out_dir / f"{name}.md"
+        md.write_text(text, encoding="utf-8")
+    except BaseException:
+        if made is not None:  # a run that fails leaves no folder it made, half-written
+            shutil.rmtree(made, ignore_errors=True)
+        raise
     if not quiet:
         print(text)
     return md

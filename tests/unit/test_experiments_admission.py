@@ -73,5 +73,9 @@ def test_a_run_too_short_to_set_r_cth_u_is_refused_naming_what_to_do(
     monkeypatch.setattr(oe, "ADMISSION_LOADS", (0.4, 1.0))
     monkeypatch.setattr(oe, "WINDOW_FRACTIONS", (1.0,))
     with pytest.raises(ValueError, match=r"R_cth\^U.*must be in \(0, 1\).*--queries"):
-        run_tiny("admission", tmp_path, tailbench_dir, queries=1500, tol=0.3)
-    assert not (tmp_path / "admission" / "admission.csv").exists()  # nothing half-written
+        run_tiny("admission", tmp_path / "new" / "out", tailbench_dir, queries=1500, tol=0.3)
+    assert not (tmp_path / "new").exists()  # no folder it made is left, half-written
+    (tmp_path / "kept").mkdir()
+    with pytest.raises(ValueError, match="--queries"):
+        run_tiny("admission", tmp_path / "kept", tailbench_dir, queries=1500, tol=0.3)
+    assert (tmp_path / "kept").is_dir() and not (tmp_path / "kept" / "admission").exists()
