@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import compileall
 import fcntl
 import os
+import sys
 import tempfile
 from collections.abc import Generator
 from pathlib import Path
@@ -13,6 +15,33 @@ import pytest
 from loadtests.sim.tailbench import TAILBENCH_DIR
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+# --- Bytecode is written ------------------------------------------------------------------
+#
+# With PYTHONDONTWRITEBYTECODE set (many container images set it), Python never caches
+# this package's compiled modules: each of the hundreds of processes the suite starts
+# (gateways, task servers, edge agents, CLIs) compiles them from source again, ~0.3 s of
+# CPU each on the 2-core VM, and every pytest worker rewrites every test module's asserts
+# again. The suite and what it starts write their bytecode (__pycache__, ignored by git).
+# The package is compiled once, before the workers start, so that their first processes
+# do not all compile it at once.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
+PACKAGES = (
+    "admission",
+    "deploy",
+    "edge_agent",
+    "gateway",
+    "loadtests",
+    "onnx_models",
+    "taskserver",
+)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):  # the controller, or a run without workers
+        for name in PACKAGES:
+            compileall.compile_dir(REPO_ROOT / name, quiet=1)
 
 
 @pytest.fixture(scope="session")
@@ -25,10 +54,12 @@ def tailbench_dir() -> Path:
 
 # --- Tests that measure time run alone -------------------------------------------------
 #
-# The suite runs in two pytest-xdist workers (pyproject's addopts). A test marked `solo`
+# The suite runs in three pytest-xdist workers (pyproject's addopts): on a 2-core host the
+# cores were 29% idle with two, as the tests wait on live processes. One run each on the
+# 2-core VM: 787.8 s of pytest with two workers, 708.5 s with three. A test marked `solo`
 # judges latencies or start-up times of live processes against a scenario, so the other
-# worker's CPU-bound tests would be what it measures: it takes an exclusive lock that every
-# other test takes shared, so it runs while the other worker waits between two tests.
+# workers' CPU-bound tests would be what it measures: it takes an exclusive lock that every
+# other test takes shared, so it runs while the other workers wait between two tests.
 # The lock is taken outside pytest-timeout's timer (an outer hook wrapper), so waiting for
 # it does not count against a test's timeout.
 
@@ -57,13 +88,13 @@ def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, None, None]:
 
 # --- Files with slow tests start first ----------------------------------------------------
 #
-# xdist (--dist loadfile) hands whole files to the two workers, in collection order only
+# xdist (--dist loadfile) hands whole files to the workers, in collection order only
 # with --no-loadscope-reorder (pyproject's addopts): by default since pytest-xdist 3.5 it
 # sorts them by their number of tests, which undid this order. Files that hold a test
 # marked `slow` (the soak, the live replays, the fuzzers, the admission simulations: long,
 # many of them waiting on processes) go first, so that the last files handed out are short
-# ones and the two workers end together. One run each on the 2-core VM: 757.3 s of pytest
-# in this order, 770.6 s with xdist's; each worker ended within 3.2 s of the other; so
+# ones and the workers end together. One run each on the 2-core VM (two workers): 757.3 s
+# of pytest in this order, 770.6 s with xdist's; each worker ended within 3.2 s of the other; so
 # the order is ours, not a measured gain. The sort is stable: every file stays whole and
 # keeps its own order.
 
