@@ -60,33 +60,43 @@ def tailbench_dir() -> Path:
 # judges latencies or start-up times of live processes against a scenario, so the other
 # workers' CPU-bound tests would be what it measures: it takes an exclusive lock that every
 # other test takes shared, so it runs while the other workers wait between two tests.
-# The lock is taken outside pytest-timeout's timer (an outer hook wrapper), so waiting for
-# it does not count against a test's timeout.
+# Every test passes a gate (a second lock) to take its own, and a solo test holds the gate
+# while it waits: tests that come later wait behind it, so it waits only for those already
+# running. Without the gate, shared locks were taken one after another while it waited (a
+# writer's starvation): 17 solo tests of one run waited 413 s in all, one of them 80 s.
+# The locks are taken outside pytest-timeout's timer (an outer hook wrapper), so waiting
+# for them does not count against a test's timeout.
 
 
-def _lock_path() -> Path | None:
+def _lock_paths() -> tuple[Path, Path] | None:
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
     if not run:
         return None  # not under xdist: nothing runs beside this test
-    return Path(tempfile.gettempdir()) / f"tailgate-tests-{run}.lock"
+    base = Path(tempfile.gettempdir()) / f"tailgate-tests-{run}"
+    return Path(f"{base}.lock"), Path(f"{base}.gate")
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, None, None]:
-    path = _lock_path()
-    if path is None:
+    paths = _lock_paths()
+    if paths is None:
         yield
         return
-    with path.open("a") as f:
+    lock_path, gate_path = paths
+    with lock_path.open("a") as lock, gate_path.open("a") as gate:
         solo = item.get_closest_marker("solo") is not None
-        fcntl.flock(f, fcntl.LOCK_EX if solo else fcntl.LOCK_SH)
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX if solo else fcntl.LOCK_SH)
+        finally:
+            fcntl.flock(gate, fcntl.LOCK_UN)
         try:
             yield
         finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-# --- Files with slow tests start first ----------------------------------------------------
+# --- Files with slow tests start first, files with solo tests come last --------------------
 #
 # xdist (--dist loadfile) hands whole files to the workers, in collection order only
 # with --no-loadscope-reorder (pyproject's addopts): by default since pytest-xdist 3.5 it
@@ -95,11 +105,15 @@ def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, None, None]:
 # many of them waiting on processes) go first, so that the last files handed out are short
 # ones and the workers end together. One run each on the 2-core VM (two workers): 757.3 s
 # of pytest in this order, 770.6 s with xdist's; each worker ended within 3.2 s of the other; so
-# the order is ours, not a measured gain. The sort is stable: every file stays whole and
-# keeps its own order.
+# the order is ours, not a measured gain. Files with a `solo` test come last: a solo test
+# waits for the tests running beside it, which are then short ones, not the soak or a
+# fuzzer (one test of one to two minutes each). The sort is stable: every file stays whole
+# and keeps its own order.
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Move the files with `slow` tests to the front of the collection."""
+    """Files with `slow` tests to the front of the collection, files with `solo` ones to
+    its end."""
     slow_files = {item.path for item in items if item.get_closest_marker("slow") is not None}
-    items.sort(key=lambda item: item.path not in slow_files)
+    solo_files = {item.path for item in items if item.get_closest_marker("solo") is not None}
+    items.sort(key=lambda item: (item.path in solo_files, item.path not in slow_files))

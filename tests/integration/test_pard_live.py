@@ -11,9 +11,10 @@ pytest.importorskip("onnxruntime")
 
 from loadtests.pard_live import main
 
-pytestmark = [pytest.mark.integration, pytest.mark.solo]
+pytestmark = [pytest.mark.integration]
 
 
+@pytest.mark.solo  # it judges the live side's goodput; the refusals below judge no time
 def test_live_and_simulated_sides_run_the_same_requests_with_scaling(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
