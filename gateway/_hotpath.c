@@ -1481,8 +1481,6 @@ PyMODINIT_FUNC PyInit__hotpath(void) {
     if (post_init_name == NULL) return NULL;
     if (end_kwnames == NULL)
         end_kwnames = Py_BuildValue("(ssss)", "queue_ms", "service_ms", "missed", "error");
-    if (post_init_name == NULL) post_init_name = PyUnicode_InternFromString("__post_init__");
-    if (post_init_name == NULL) return NULL;
     if (end_kwnames == NULL) return NULL;
     return PyModule_Create(&module);
 }

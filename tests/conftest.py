@@ -21,7 +21,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 # With PYTHONDONTWRITEBYTECODE set (many container images set it), Python never caches
 # this package's compiled modules: each of the hundreds of processes the suite starts
 # (gateways, task servers, edge agents, CLIs) compiles them from source again, ~0.3 s of
-# CPU each on the 2-core VM, and every pytest worker rewrites every test module's asserts
+# start-up each on the 2-core VM, and every pytest worker rewrites every test module's asserts
 # again. The suite and what it starts write their bytecode (__pycache__, ignored by git).
 # The package is compiled once, before the workers start, so that their first processes
 # do not all compile it at once.
