@@ -1435,7 +1435,221 @@ fail:
     return out;
 }
 
+/* new_tasks(type, names, template, links, waits) -> [type instance per link] | None
+ *
+ * The PendingTasks of one query, one per link, as its dataclass __init__ would build them
+ * (it only assigns its fields): each field names[k] set to template[k], except the first
+ * three, "index", "server_id" and "est_wait_ms", which are the task's position, its link's
+ * `server_id`, and `waits[i].mean_ms` (None where `waits` is None). The caller
+ * (gateway/tasks.py) builds the template from the dataclass's own fields and defaults; its
+ * twin there calls the class. None, before anything is built, for a type whose fields are
+ * not all plain object slots or which has a __post_init__ (the caller builds them). */
+
+#define TASK_FIELDS_MAX 32
+
+static struct {
+    PyTypeObject *type; /* a strong reference, as Layout's */
+    PyObject *names;    /* the names tuple the offsets were read for (a strong reference) */
+    Py_ssize_t n, off[TASK_FIELDS_MAX];
+} build_layout;
+
+static PyObject *server_id_name, *mean_ms_name; /* "server_id", "mean_ms" */
+
+static int build_layout_of(PyTypeObject *t, PyObject *names) {
+    Py_ssize_t n = PyTuple_GET_SIZE(names), k;
+    if (build_layout.type == t && build_layout.names == names) return 1;
+    Py_CLEAR(build_layout.type);
+    Py_CLEAR(build_layout.names);
+    if (n < 3 || n > TASK_FIELDS_MAX || _PyType_Lookup(t, post_init_name) != NULL) return 0;
+    for (k = 0; k < n; k++) {
+        PyObject *name = PyTuple_GET_ITEM(names, k), *d;
+        PyMemberDef *m;
+        if (!PyUnicode_Check(name)) return 0;
+        d = _PyType_Lookup(t, name);
+        if (d == NULL || !Py_IS_TYPE(d, &PyMemberDescr_Type)) return 0;
+        m = ((PyMemberDescrObject *)d)->d_member;
+        if (m->type != T_OBJECT_EX || (m->flags & READONLY)) return 0;
+        build_layout.off[k] = m->offset;
+    }
+    build_layout.n = n;
+    Py_INCREF(t);
+    build_layout.type = t;
+    Py_INCREF(names);
+    build_layout.names = names;
+    return 1;
+}
+
+static PyObject *new_tasks(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    PyObject *type, *names, *template, *links, *waits, *out;
+    PyTypeObject *t;
+    Py_ssize_t n, i, k, nf;
+    (void)self;
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "new_tasks takes 5 arguments");
+        return NULL;
+    }
+    type = args[0], names = args[1], template = args[2], links = args[3], waits = args[4];
+    if (!PyType_Check(type) || !PyTuple_Check(names) || !PyTuple_Check(template) ||
+        !PyList_Check(links) || (waits != Py_None && !PyList_Check(waits))) {
+        PyErr_SetString(PyExc_TypeError,
+                        "new_tasks(type, names: tuple, template: tuple, links: list, "
+                        "waits: list | None)");
+        return NULL;
+    }
+    nf = PyTuple_GET_SIZE(names);
+    n = PyList_GET_SIZE(links);
+    if (PyTuple_GET_SIZE(template) != nf) {
+        PyErr_SetString(PyExc_ValueError, "new_tasks: names and template differ in length");
+        return NULL;
+    }
+    if (waits != Py_None && PyList_GET_SIZE(waits) != n) {
+        PyErr_SetString(PyExc_ValueError, "new_tasks: waits and links differ in length");
+        return NULL;
+    }
+    t = (PyTypeObject *)type;
+    if (!build_layout_of(t, names)) Py_RETURN_NONE;
+    out = PyList_New(n);
+    if (out == NULL) return NULL;
+    for (i = 0; i < n; i++) {
+        PyObject *o, *v[3];
+        v[0] = PyLong_FromSsize_t(i);
+        v[1] = PyObject_GetAttr(PyList_GET_ITEM(links, i), server_id_name);
+        v[2] = waits == Py_None ? Py_NewRef(Py_None)
+                                : PyObject_GetAttr(PyList_GET_ITEM(waits, i), mean_ms_name);
+        o = (v[0] && v[1] && v[2]) ? t->tp_alloc(t, 0) : NULL;
+        if (o == NULL) {
+            Py_XDECREF(v[0]);
+            Py_XDECREF(v[1]);
+            Py_XDECREF(v[2]);
+            Py_DECREF(out);
+            return NULL;
+        }
+        for (k = 0; k < nf; k++) {
+            /* the three set per task are handed over; the template's shared */
+            PyObject *val = k < 3 ? v[k] : Py_NewRef(PyTuple_GET_ITEM(template, k));
+            *(PyObject **)((char *)o + build_layout.off[k]) = val;
+        }
+        PyList_SET_ITEM(out, i, o);
+    }
+    return out;
+}
+
+/* sample(getrandbits, population, k) -> list
+ *
+ * random.Random.sample(population, k) for a list, the same draws in the same order, given
+ * the bound getrandbits of the random.Random it would run on (CPython's Lib/random.py:
+ * `_randbelow_with_getrandbits`, and sample's two branches, a pool of the population or a
+ * set of the indices drawn, chosen by its rule). The caller (gateway/tasks.py) passes only
+ * a random.Random itself, whose _randbelow is that one; the tests compare the two draw for
+ * draw. */
+
+static int randbelow(PyObject *getrandbits, PyObject *const *bits_of, unsigned long long m,
+                     unsigned long long *out) {
+    int bits = 0;
+    unsigned long long r;
+    while (bits < 64 && (m >> bits) != 0) bits++; /* m.bit_length() */
+    for (;;) {
+        PyObject *v = PyObject_CallOneArg(getrandbits, bits_of[bits]);
+        if (v == NULL) return -1;
+        r = PyLong_AsUnsignedLongLong(v);
+        Py_DECREF(v);
+        if (r == (unsigned long long)-1 && PyErr_Occurred()) return -1;
+        if (r < m) break;
+    }
+    *out = r;
+    return 0;
+}
+
+static PyObject *bits_objects[65]; /* 0..64 as ints, for getrandbits */
+
+static PyObject *sample(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    PyObject *getrandbits, *population, *result, **pool = NULL;
+    Py_ssize_t n, k, i, setsize;
+    unsigned long long j;
+    (void)self;
+    if (nargs != 3 || !PyList_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "sample(getrandbits, population: list, k: int)");
+        return NULL;
+    }
+    getrandbits = args[0], population = args[1];
+    k = PyLong_AsSsize_t(args[2]);
+    if (k == -1 && PyErr_Occurred()) return NULL;
+    n = PyList_GET_SIZE(population);
+    if (!(0 <= k && k <= n)) {
+        PyErr_SetString(PyExc_ValueError, "Sample larger than population or is negative");
+        return NULL;
+    }
+    setsize = 21;
+    if (k > 5) {
+        /* 4 ** ceil(log(3k, 4)), log(x, base) as math.log computes it: log(x) / log(base) */
+        double e = ceil(log((double)(k * 3)) / log(4.0));
+        if (e >= 31) {
+            setsize = PY_SSIZE_T_MAX; /* beyond any list's length */
+        } else {
+            setsize += (Py_ssize_t)1 << (2 * (int)e);
+        }
+    }
+    result = PyList_New(k);
+    if (result == NULL) return NULL;
+    if (n <= setsize) {
+        /* An n-length list is smaller than a k-length set; non-selected at pool[0 : n-i]. */
+        pool = PyMem_Malloc(sizeof(PyObject *) * (size_t)(n ? n : 1));
+        if (pool == NULL) {
+            Py_DECREF(result);
+            return PyErr_NoMemory();
+        }
+        /* list(population): references of its own, whatever getrandbits does to the list */
+        for (i = 0; i < n; i++) pool[i] = Py_NewRef(PyList_GET_ITEM(population, i));
+        for (i = 0; i < k; i++) {
+            if (randbelow(getrandbits, bits_objects, (unsigned long long)(n - i), &j) < 0)
+                goto fail;
+            PyList_SET_ITEM(result, i, pool[j]); /* pool's reference, handed over */
+            pool[j] = pool[n - i - 1];
+        }
+        for (i = 0; i < n - k; i++) Py_DECREF(pool[i]); /* the ones not drawn */
+        PyMem_Free(pool);
+        return result;
+    } else {
+        unsigned char *selected = PyMem_Calloc((size_t)n, 1);
+        if (selected == NULL) {
+            Py_DECREF(result);
+            return PyErr_NoMemory();
+        }
+        for (i = 0; i < k; i++) {
+            do {
+                if (randbelow(getrandbits, bits_objects, (unsigned long long)n, &j) < 0) {
+                    PyMem_Free(selected);
+                    Py_DECREF(result);
+                    return NULL;
+                }
+            } while (selected[j]);
+            selected[j] = 1;
+            if ((Py_ssize_t)j >= PyList_GET_SIZE(population)) {
+                PyMem_Free(selected);
+                Py_DECREF(result);
+                PyErr_SetString(PyExc_RuntimeError, "sample: the population changed size");
+                return NULL;
+            }
+            PyList_SET_ITEM(result, i, Py_NewRef(PyList_GET_ITEM(population, j)));
+        }
+        PyMem_Free(selected);
+        return result;
+    }
+fail:
+    /* the drawn ones are result's (items i.. of it still NULL); pool[0 : n-i] are pool's */
+    for (k = 0; k < n - i; k++) Py_DECREF(pool[k]);
+    PyMem_Free(pool);
+    Py_DECREF(result);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
+    {"new_tasks", (PyCFunction)(void (*)(void))new_tasks, METH_FASTCALL,
+     "new_tasks(type, names, template, links, waits) -> a query's tasks, one per link, or "
+     "None for a type left to the caller"},
+    {"sample", (PyCFunction)(void (*)(void))sample, METH_FASTCALL,
+     "sample(getrandbits, population, k) -> random.Random.sample(population, k), the same "
+     "draws, given the bound getrandbits of that random.Random"},
     {"take", (PyCFunction)(void (*)(void))take_results, METH_FASTCALL,
      "take(items, outstanding, rejected) -> (batch, refused), or None for items left to the "
      "caller"},
@@ -1482,5 +1696,12 @@ PyMODINIT_FUNC PyInit__hotpath(void) {
     if (end_kwnames == NULL)
         end_kwnames = Py_BuildValue("(ssss)", "queue_ms", "service_ms", "missed", "error");
     if (end_kwnames == NULL) return NULL;
+    if (server_id_name == NULL) server_id_name = PyUnicode_InternFromString("server_id");
+    if (mean_ms_name == NULL) mean_ms_name = PyUnicode_InternFromString("mean_ms");
+    if (server_id_name == NULL || mean_ms_name == NULL) return NULL;
+    for (i = 0; i <= 64; i++) {
+        if (bits_objects[i] == NULL) bits_objects[i] = PyLong_FromLong(i);
+        if (bits_objects[i] == NULL) return NULL;
+    }
     return PyModule_Create(&module);
 }

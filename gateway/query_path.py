@@ -40,6 +40,7 @@ from gateway.config import GatewayConfig
 from gateway.deadlines import DeadlineEstimator, DeadlinePlan, SloUnreachable
 from gateway.deferral import DeferralQueue
 from gateway.errors import ApiError, SloUnreachableError, Unavailable
+from gateway.fanout import new_tasks
 from gateway.links import LinkDown, TaskLink, TaskReport
 from gateway.metrics import GatewayMetrics
 from gateway.overload import PREDICTED_MISS, admit
@@ -302,20 +303,12 @@ class QueryPath:
         self._inflight[qid] = run
         self.metrics.inflight += 1
         try:
+            tasks = new_tasks(
+                run, links, deadline_s, slo_deadline_s, req.priority, cls, req.payload, waits,
+                flow, task_cost,
+            )  # fmt: skip
             for i, link in enumerate(links):
-                p = PendingTask(
-                    run,
-                    i,
-                    link.server_id,
-                    deadline_s,
-                    slo_deadline_s,
-                    req.priority,
-                    cls,
-                    req.payload,
-                    est_wait_ms=None if waits is None else waits[i].mean_ms,
-                    flow=flow,
-                    cost=task_cost,
-                )
+                p = tasks[i]
                 if placement is not None:
                     placement.tasks.append(p)
                 if span is not None:

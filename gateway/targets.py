@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from admission import backend_order
 from gateway.config import GatewayConfig, PoolConfig
 from gateway.errors import BadRequest, Unavailable
+from gateway.fanout import sample
 from gateway.links import TaskLink
 from gateway.requests import Targets
 from gateway.retry_after import servers_back_s
@@ -302,7 +303,7 @@ class TargetPicker:
         links = self.links
         # Most of the time every server is live: a draw of k that are all live is a uniform
         # draw among the live ones, found in O(k), not O(pool), per query.
-        chosen = [links[s] for s in self.rng.sample(members, k)]
+        chosen = [links[s] for s in sample(self.rng, members, k)]
         if all(lk.is_up for lk in chosen):
             return chosen
         # Falls back to any when too few are live, so that the query's 503 names the down ones.
