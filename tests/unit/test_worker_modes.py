@@ -158,8 +158,9 @@ async def test_a_worker_that_cannot_be_restarted_leaves_when_others_serve(execut
     worker.replicas[0].idle_since_s = float("inf")  # the next batch goes to the second
     with pytest.raises(WorkerLost):
         await ex.execute(payload(image_seed=1))
-    await until(lambda: worker.workers == 1)
-    assert worker.restart_failures == 1 and second.closed == 1
+    # It leaves the replicas at once; its runner is closed in its own thread after that.
+    await until(lambda: worker.workers == 1 and second.closed == 1)
+    assert worker.restart_failures == 1
     assert worker.planner.state("1").workers == 1
     assert isinstance(await ex.execute(payload(image_seed=2)), bytes)
 
