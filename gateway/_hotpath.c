@@ -1111,8 +1111,91 @@ static PyObject *new_outcome(PyObject *type, PyObject *const *fields) {
     return o;
 }
 
+/* QueryRun.complete(index, outcome, now), inlined for a QueryRun itself (settle's optional
+ * last argument names the class, its `complete` function and the OK status): the same
+ * changes in the same order, its future's done() and set_result(None) called as it calls
+ * them. 1: done here; 0: not inlined, nothing changed (another class, a replaced `complete`,
+ * a field unset or of another type, an index outside the list: the caller calls the method,
+ * which raises where Python raises); -1: an error. */
+enum { R_OUTCOMES, R_REMAINING, R_FAILED, R_DONE, R_T_LAST, R_NAMES };
+static PyObject *run_names[R_NAMES];
+static const char *run_text[R_NAMES] = {"outcomes", "remaining", "failed", "done", "t_last"};
+static PyObject *done_name, *set_result_name; /* "done", "set_result" */
+static Layout run_layout;
+
+#define RUN_SLOT(o, k) (*(PyObject **)((char *)(o) + run_layout.off[k]))
+
+/* A field deleted by what a comparison or a truth test ran: raise as reading it would. */
+static int run_unset(int k) {
+    PyErr_Format(PyExc_AttributeError, "'QueryRun' object has no attribute '%s'", run_text[k]);
+    return -1;
+}
+
+static int complete_inline(PyObject *inl, PyObject *run, PyObject *index, PyObject *outcome,
+                           PyObject *status, PyObject *now) {
+    PyTypeObject *t;
+    PyObject *outcomes, *remaining, *tmp;
+    Py_ssize_t i;
+    long long rem;
+    int ne, failed, finished;
+    if (inl == NULL) return 0;
+    t = (PyTypeObject *)PyTuple_GET_ITEM(inl, 0);
+    if (Py_TYPE(run) != t) return 0;
+    if (run_layout.type != t) layout_of(&run_layout, t, run_names, R_NAMES);
+    if (run_layout.type != t) return 0;
+    if (_PyType_Lookup(t, settle_names[S_COMPLETE]) != PyTuple_GET_ITEM(inl, 1)) return 0;
+    outcomes = RUN_SLOT(run, R_OUTCOMES);
+    remaining = RUN_SLOT(run, R_REMAINING);
+    if (outcomes == NULL || remaining == NULL || RUN_SLOT(run, R_FAILED) == NULL ||
+        RUN_SLOT(run, R_DONE) == NULL || !PyList_CheckExact(outcomes) ||
+        !PyLong_CheckExact(remaining) || !PyLong_CheckExact(index))
+        return 0;
+    i = PyLong_AsSsize_t(index);
+    rem = PyLong_AsLongLong(remaining);
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (i < 0 || i >= PyList_GET_SIZE(outcomes)) return 0;
+    /* if self.outcomes[index] is not None: return */
+    if (PyList_GET_ITEM(outcomes, i) != Py_None) return 1;
+    /* self.outcomes[index] = outcome; self.remaining -= 1 */
+    Py_INCREF(outcome);
+    PyList_SetItem(outcomes, i, outcome);
+    tmp = PyLong_FromLongLong(rem - 1);
+    if (tmp == NULL) return -1;
+    Py_XSETREF(RUN_SLOT(run, R_REMAINING), tmp);
+    /* if outcome.status != OK: self.failed = True */
+    ne = PyObject_RichCompareBool(status, PyTuple_GET_ITEM(inl, 2), Py_NE);
+    if (ne < 0) return -1;
+    if (ne) Py_XSETREF(RUN_SLOT(run, R_FAILED), Py_NewRef(Py_True));
+    /* if (self.failed or self.remaining == 0) and not self.done.done(): */
+    tmp = RUN_SLOT(run, R_FAILED);
+    if (tmp == NULL) return run_unset(R_FAILED);
+    failed = PyObject_IsTrue(tmp);
+    if (failed < 0) return -1;
+    if (!failed && rem - 1 != 0) return 1;
+    tmp = RUN_SLOT(run, R_DONE);
+    if (tmp == NULL) return run_unset(R_DONE);
+    tmp = PyObject_CallMethodNoArgs(tmp, done_name);
+    if (tmp == NULL) return -1;
+    finished = PyObject_IsTrue(tmp);
+    Py_DECREF(tmp);
+    if (finished < 0) return -1;
+    if (finished) return 1;
+    /* self.t_last = now; self.done.set_result(None) */
+    Py_XSETREF(RUN_SLOT(run, R_T_LAST), Py_NewRef(now));
+    tmp = RUN_SLOT(run, R_DONE);
+    if (tmp == NULL) return run_unset(R_DONE);
+    tmp = PyObject_CallMethodOneArg(tmp, set_result_name, Py_None);
+    if (tmp == NULL) return -1;
+    Py_DECREF(tmp);
+    return 1;
+}
+
 typedef struct {
     PyObject *const *args; /* settle's own */
+    PyObject *inline_complete; /* (QueryRun, QueryRun.complete, OK) or NULL */
     int central, note_tenants;
     double now;
     PyObject *statuses, *post_queue, *by_class, *by_group, *last_group;
@@ -1243,11 +1326,15 @@ static PyObject *settle_one(Frame *f, PyObject *p, PyObject *r, double sent, dou
     index = field(p, &task_layout, settle_names, S_INDEX);
     if (run == NULL || index == NULL) goto done;
     {
-        PyObject *call[4] = {run, index, outcome, args[1]};
-        tmp = PyObject_VectorcallMethod(settle_names[S_COMPLETE], call,
-                                        4 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
-        if (tmp == NULL) goto done;
-        Py_CLEAR(tmp);
+        int inlined = complete_inline(f->inline_complete, run, index, outcome, status, args[1]);
+        if (inlined < 0) goto done;
+        if (!inlined) {
+            PyObject *call[4] = {run, index, outcome, args[1]};
+            tmp = PyObject_VectorcallMethod(settle_names[S_COMPLETE], call,
+                                            4 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+            if (tmp == NULL) goto done;
+            Py_CLEAR(tmp);
+        }
     }
     group = PyObject_GetAttr(run, settle_names[S_GROUP]);
     if (group == NULL) goto done;
@@ -1290,13 +1377,23 @@ static PyObject *settle(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     PyObject *batch, *out = NULL;
     double *clocks = NULL;
     Py_ssize_t n, i;
-    Frame f = {args, 0, 0, 0.0, NULL, NULL, NULL, NULL, NULL, {NULL, 0, 0, 0.0}};
+    Frame f = {args, NULL, 0, 0, 0.0, NULL, NULL, NULL, NULL, NULL, {NULL, 0, 0, 0.0}};
     (void)self;
-    if (nargs != 12) {
+    if (nargs != 12 && nargs != 13) {
         PyErr_SetString(PyExc_TypeError,
                         "settle(batch, now, central, note_tenants, server_id, pool, metrics, "
-                        "tenants, labels, ok, dropped, outcome_type)");
+                        "tenants, labels, ok, dropped, outcome_type[, run_inline])");
         return NULL;
+    }
+    if (nargs == 13) {
+        PyObject *inl = args[12];
+        if (!PyTuple_CheckExact(inl) || PyTuple_GET_SIZE(inl) != 3 ||
+            !PyType_Check(PyTuple_GET_ITEM(inl, 0))) {
+            PyErr_SetString(PyExc_TypeError,
+                            "settle: run_inline is (QueryRun, QueryRun.complete, OK)");
+            return NULL;
+        }
+        f.inline_complete = inl;
     }
     if (!PyFloat_CheckExact(args[1]) || !PyList_CheckExact(args[0])) Py_RETURN_NONE;
     f.now = PyFloat_AS_DOUBLE(args[1]);
@@ -1655,8 +1752,8 @@ static PyMethodDef methods[] = {
      "caller"},
     {"settle", (PyCFunction)(void (*)(void))settle, METH_FASTCALL,
      "settle(batch, now, central, note_tenants, server_id, pool, metrics, tenants, labels, ok, "
-     "dropped, outcome_type) -> (statuses, post_queue, by_class, by_group), or None for a "
-     "batch left to the caller"},
+     "dropped, outcome_type[, run_inline]) -> (statuses, post_queue, by_class, by_group), or "
+     "None for a batch left to the caller"},
     {"render_tasks", (PyCFunction)(void (*)(void))render_tasks, METH_FASTCALL,
      "render_tasks(outcomes, loads, max_depth, embed, text, number) -> the answer's tasks "
      "array as JSON bytes, "
@@ -1696,6 +1793,13 @@ PyMODINIT_FUNC PyInit__hotpath(void) {
     if (end_kwnames == NULL)
         end_kwnames = Py_BuildValue("(ssss)", "queue_ms", "service_ms", "missed", "error");
     if (end_kwnames == NULL) return NULL;
+    for (i = 0; i < R_NAMES; i++) {
+        if (run_names[i] == NULL) run_names[i] = PyUnicode_InternFromString(run_text[i]);
+        if (run_names[i] == NULL) return NULL;
+    }
+    if (done_name == NULL) done_name = PyUnicode_InternFromString("done");
+    if (set_result_name == NULL) set_result_name = PyUnicode_InternFromString("set_result");
+    if (done_name == NULL || set_result_name == NULL) return NULL;
     if (server_id_name == NULL) server_id_name = PyUnicode_InternFromString("server_id");
     if (mean_ms_name == NULL) mean_ms_name = PyUnicode_InternFromString("mean_ms");
     if (server_id_name == NULL || mean_ms_name == NULL) return NULL;

@@ -5,7 +5,10 @@ feeds the counts this returns to the CDF book, the miss windows and the metrics 
 frame. `settle_py` is the reference; gateway/_hotpath.c's ``settle`` is its twin, compared
 with it on random frames in the tests (tests/unit/test_settle.py), and runs where it is
 built. It calls back into Python for the rare parts, in the order the twin does: a task's
-wait-estimate error (QLM §6), its tenant's gate, a drop's module (PARD), its span.
+wait-estimate error (QLM §6), its tenant's gate, a drop's module (PARD), its span. Given
+`RUN_INLINE`, it also does what `QueryRun.complete` does for a QueryRun itself (each task's
+outcome into its query, the query decided), without the call; a subclass, or a `complete`
+replaced since, is called.
 """
 
 from __future__ import annotations
@@ -14,14 +17,14 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from gateway.queries import TaskOutcome
+from gateway.queries import OK, QueryRun, TaskOutcome
 from taskserver.native import require_native
 from taskserver.wire import TaskStatus
 
 if TYPE_CHECKING:
     from gateway.queries import PendingTask
 
-__all__ = ["IMPLEMENTATION", "Settled", "settle", "settle_py", "take", "take_py"]
+__all__ = ["IMPLEMENTATION", "RUN_INLINE", "Settled", "settle", "settle_py", "take", "take_py"]
 
 Settled = tuple[
     dict[str, int],
@@ -166,6 +169,10 @@ except ImportError:  # built at install when a C compiler is there; the Python a
 IMPLEMENTATION: Literal["c", "python"] = "python" if _c_settle is None else "c"
 """Which one runs."""
 
+RUN_INLINE = (QueryRun, QueryRun.complete, OK)
+"""What the C side needs to run `QueryRun.complete` itself for a QueryRun (the class, the
+function it replaces, checked on each call, and the status it counts as success)."""
+
 
 def settle(
     batch: list[tuple[PendingTask, Any]],
@@ -181,7 +188,7 @@ def settle(
     if _c_settle is not None:
         settled = _c_settle(
             batch, now, central, note_tenants, server_id, pool, metrics, tenants,
-            LABELS, _OK, _DROPPED, TaskOutcome,
+            LABELS, _OK, _DROPPED, TaskOutcome, RUN_INLINE,
         )  # fmt: skip
         if settled is not None:
             return settled

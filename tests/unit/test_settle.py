@@ -101,26 +101,34 @@ class World:
         return repr((runs, self.log.calls))
 
 
-def _both(seed: int, fail_at: int | None = None) -> tuple[Any, Any, World, World]:
-    """The Python twin and the C side on equal worlds: what each returned (or raised)."""
+def _both(
+    seed: int, fail_at: int | None = None, inline: bool = True
+) -> tuple[Any, Any, World, World]:
+    """The Python twin and the C side on equal worlds: what each returned (or raised). With
+    `inline`, the C side runs QueryRun.complete itself (settle_mod.RUN_INLINE), as `settle`
+    calls it; without, it calls the method."""
 
-    async def run(fn: Callable[..., Any]) -> tuple[Any, World]:
+    async def run(fn: Callable[..., Any], *extra: Any) -> tuple[Any, World]:
         world = World(seed, fail_at)
         try:
-            out: Any = fn(*world.args(), LABELS, TaskStatus.OK, TaskStatus.DROPPED, TaskOutcome)
+            out: Any = fn(
+                *world.args(), LABELS, TaskStatus.OK, TaskStatus.DROPPED, TaskOutcome, *extra
+            )
         except RuntimeError as exc:
             out = exc
         return out, world
 
     py, py_world = asyncio.run(run(settle_py))
-    c, c_world = asyncio.run(run(settle_mod._c_settle))
+    extra = (settle_mod.RUN_INLINE,) if inline else ()
+    c, c_world = asyncio.run(run(settle_mod._c_settle, *extra))
     return py, c, py_world, c_world
 
 
 @pytest.mark.skipif(not _C, reason=_NOT_C)
-def test_c_settles_random_frames_as_its_python_twin() -> None:
+@pytest.mark.parametrize("inline", [True, False], ids=["complete-in-c", "complete-called"])
+def test_c_settles_random_frames_as_its_python_twin(inline: bool) -> None:
     for seed in range(1500):
-        py, c, py_world, c_world = _both(seed)
+        py, c, py_world, c_world = _both(seed, inline=inline)
         assert c is not None, seed
         assert repr(c) == repr(py), seed
         assert c_world.state() == py_world.state(), seed
@@ -129,11 +137,12 @@ def test_c_settles_random_frames_as_its_python_twin() -> None:
 
 
 @pytest.mark.skipif(not _C, reason=_NOT_C)
-def test_a_callback_that_raises_stops_both_at_the_same_task() -> None:
+@pytest.mark.parametrize("inline", [True, False], ids=["complete-in-c", "complete-called"])
+def test_a_callback_that_raises_stops_both_at_the_same_task(inline: bool) -> None:
     raised = 0
     for seed in range(300):
         for fail_at in (1, 2, 5):
-            py, c, py_world, c_world = _both(seed, fail_at)
+            py, c, py_world, c_world = _both(seed, fail_at, inline)
             assert repr(c) == repr(py), (seed, fail_at)
             assert c_world.state() == py_world.state(), (seed, fail_at)
             raised += isinstance(c, RuntimeError)
@@ -300,3 +309,50 @@ def test_an_outcome_type_that_does_more_than_assign_is_built_by_its_own_init() -
         assert all(type(o) is Checked for r in world.runs for o in r.outcomes if o is not None)
 
     asyncio.run(go())
+
+
+@pytest.mark.skipif(not _C, reason=_NOT_C)
+def test_complete_runs_in_c_only_for_a_query_run_whose_complete_is_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A subclass, or a QueryRun whose `complete` was replaced, has its method called; a
+    run_inline argument of another shape is refused."""
+    calls: list[tuple[str, int]] = []
+
+    class Counted(QueryRun):
+        __slots__ = ()
+
+        def complete(self, index: int, outcome: TaskOutcome, now: float = 0.0) -> None:
+            calls.append(("sub", index))
+            super().complete(index, outcome, now)
+
+    async def go(run_type: type[QueryRun]) -> World:
+        world = World(next(s for s in range(100) if len(World(s).batch) >= 3))
+        for p, _ in world.batch:
+            p.run.__class__ = run_type  # the same slots: a class of its own
+        out = settle_mod._c_settle(*world.args(), LABELS, TaskStatus.OK, TaskStatus.DROPPED,
+                                   TaskOutcome, settle_mod.RUN_INLINE)  # fmt: skip
+        assert out is not None
+        return world
+
+    world = asyncio.run(go(Counted))
+    assert len(calls) == len(world.batch)
+
+    calls.clear()
+    original = QueryRun.complete
+
+    def replaced(self: QueryRun, index: int, outcome: TaskOutcome, now: float = 0.0) -> None:
+        calls.append(("replaced", index))
+        original(self, index, outcome, now)
+
+    monkeypatch.setattr(QueryRun, "complete", replaced)
+    world = asyncio.run(go(QueryRun))
+    assert [c[0] for c in calls] == ["replaced"] * len(world.batch)
+
+    async def bad() -> None:
+        world = World(0)
+        with pytest.raises(TypeError, match="run_inline"):
+            settle_mod._c_settle(*world.args(), LABELS, TaskStatus.OK, TaskStatus.DROPPED,
+                                 TaskOutcome, (QueryRun, original))  # fmt: skip
+
+    asyncio.run(bad())
