@@ -1132,9 +1132,9 @@ static int run_unset(int k) {
 }
 
 static int complete_inline(PyObject *inl, PyObject *run, PyObject *index, PyObject *outcome,
-                           PyObject *status, PyObject *now) {
+                           PyObject *now) {
     PyTypeObject *t;
-    PyObject *outcomes, *remaining, *tmp;
+    PyObject *outcomes, *remaining, *tmp, *future;
     Py_ssize_t i;
     long long rem;
     int ne, failed, finished;
@@ -1165,19 +1165,26 @@ static int complete_inline(PyObject *inl, PyObject *run, PyObject *index, PyObje
     tmp = PyLong_FromLongLong(rem - 1);
     if (tmp == NULL) return -1;
     Py_XSETREF(RUN_SLOT(run, R_REMAINING), tmp);
-    /* if outcome.status != OK: self.failed = True */
-    ne = PyObject_RichCompareBool(status, PyTuple_GET_ITEM(inl, 2), Py_NE);
+    /* if outcome.status != OK: self.failed = True (the outcome's own field, as it reads) */
+    tmp = field(outcome, &outcome_layout, attr_names, 1);
+    if (tmp == NULL) return -1;
+    ne = PyObject_RichCompareBool(tmp, PyTuple_GET_ITEM(inl, 2), Py_NE);
+    Py_DECREF(tmp);
     if (ne < 0) return -1;
     if (ne) Py_XSETREF(RUN_SLOT(run, R_FAILED), Py_NewRef(Py_True));
-    /* if (self.failed or self.remaining == 0) and not self.done.done(): */
+    /* if (self.failed or self.remaining == 0) and not self.done.done(): (each field held
+     * while it is used: what a truth test or a method runs cannot free it under us) */
     tmp = RUN_SLOT(run, R_FAILED);
     if (tmp == NULL) return run_unset(R_FAILED);
+    Py_INCREF(tmp);
     failed = PyObject_IsTrue(tmp);
+    Py_DECREF(tmp);
     if (failed < 0) return -1;
     if (!failed && rem - 1 != 0) return 1;
-    tmp = RUN_SLOT(run, R_DONE);
-    if (tmp == NULL) return run_unset(R_DONE);
-    tmp = PyObject_CallMethodNoArgs(tmp, done_name);
+    if (RUN_SLOT(run, R_DONE) == NULL) return run_unset(R_DONE);
+    future = Py_NewRef(RUN_SLOT(run, R_DONE));
+    tmp = PyObject_CallMethodNoArgs(future, done_name);
+    Py_DECREF(future);
     if (tmp == NULL) return -1;
     finished = PyObject_IsTrue(tmp);
     Py_DECREF(tmp);
@@ -1185,9 +1192,10 @@ static int complete_inline(PyObject *inl, PyObject *run, PyObject *index, PyObje
     if (finished) return 1;
     /* self.t_last = now; self.done.set_result(None) */
     Py_XSETREF(RUN_SLOT(run, R_T_LAST), Py_NewRef(now));
-    tmp = RUN_SLOT(run, R_DONE);
-    if (tmp == NULL) return run_unset(R_DONE);
-    tmp = PyObject_CallMethodOneArg(tmp, set_result_name, Py_None);
+    if (RUN_SLOT(run, R_DONE) == NULL) return run_unset(R_DONE);
+    future = Py_NewRef(RUN_SLOT(run, R_DONE));
+    tmp = PyObject_CallMethodOneArg(future, set_result_name, Py_None);
+    Py_DECREF(future);
     if (tmp == NULL) return -1;
     Py_DECREF(tmp);
     return 1;
@@ -1326,7 +1334,7 @@ static PyObject *settle_one(Frame *f, PyObject *p, PyObject *r, double sent, dou
     index = field(p, &task_layout, settle_names, S_INDEX);
     if (run == NULL || index == NULL) goto done;
     {
-        int inlined = complete_inline(f->inline_complete, run, index, outcome, status, args[1]);
+        int inlined = complete_inline(f->inline_complete, run, index, outcome, args[1]);
         if (inlined < 0) goto done;
         if (!inlined) {
             PyObject *call[4] = {run, index, outcome, args[1]};

@@ -356,3 +356,29 @@ def test_complete_runs_in_c_only_for_a_query_run_whose_complete_is_its_own(
                                  TaskOutcome, (QueryRun, original))  # fmt: skip
 
     asyncio.run(bad())
+
+
+@pytest.mark.skipif(not _C, reason=_NOT_C)
+def test_complete_in_c_judges_the_outcome_by_its_own_status() -> None:
+    """`complete` reads `outcome.status`: an outcome type whose __post_init__ rewrites it
+    decides the query by what it wrote, in C as in Python."""
+
+    @dataclasses.dataclass(slots=True)
+    class AllOk(TaskOutcome):
+        def __post_init__(self) -> None:
+            self.status = "ok"
+
+    async def go(fn: Callable[..., Any], seed: int, *extra: Any) -> World:
+        world = World(seed)
+        fn(*world.args(), LABELS, TaskStatus.OK, TaskStatus.DROPPED, AllOk, *extra)
+        return world
+
+    failed_anywhere = not_ok_reports = 0
+    for seed in range(300):
+        py = asyncio.run(go(settle_py, seed))
+        c = asyncio.run(go(settle_mod._c_settle, seed, settle_mod.RUN_INLINE))
+        assert c.state() == py.state(), seed
+        failed_anywhere += any(r.failed for r in c.runs)
+        not_ok_reports += sum(r.status != TaskStatus.OK for _, r in c.batch)
+    assert failed_anywhere == 0  # no query failed: every outcome said "ok"
+    assert not_ok_reports > 100  # though many of their reports did not
