@@ -11,14 +11,30 @@ from gateway.deferral import DeferralQueue
 
 
 async def release_order(q: DeferralQueue, holds: list[tuple[str, float, float]]) -> list[str]:
-    """Hold every (name, cost, key) for the same 10 ms; the order their holds end in."""
+    """Hold every (name, cost, key) for the same 10 ms; the order their holds end in.
+
+    The holds start from one instant: the loop's clock is held still until every hold has
+    set its timer. Otherwise a pause of the process between two of them (a busy machine)
+    makes the later ones due a turn of the loop after the first are released."""
     order: list[str] = []
 
     async def one(name: str, cost: float, key: float) -> None:
         await q.hold(name[0], cost, key, 0.01)
         order.append(name)
 
-    await asyncio.gather(*(one(*h) for h in holds))
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    loop.time = lambda: start  # type: ignore[method-assign]
+    try:
+        tasks = [asyncio.ensure_future(one(*h)) for h in holds]
+        for _ in range(100):
+            if q.held == len(holds):
+                break
+            await asyncio.sleep(0)
+        assert q.held == len(holds), "the holds did not all start"
+    finally:
+        del loop.time  # the loop's own clock again
+    await asyncio.gather(*tasks)
     return order
 
 
