@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from gateway import fanout
-from gateway.fanout import new_tasks, new_tasks_py, sample, sample_py
+from gateway.fanout import new_tasks, new_tasks_py, sample
 from gateway.queries import PendingTask, QueryRun
 
 _C = fanout._c_sample is not None
@@ -62,7 +62,6 @@ def test_sample_leaves_other_generators_and_sequences_to_random() -> None:
     assert sample(rng, list(range(50)), 5) == random.Random(3).sample(range(50), 5)
     assert Counting.calls == 1
     assert sample(random.Random(4), tuple(range(50)), 5) == random.Random(4).sample(range(50), 5)
-    assert sample_py(random.Random(5), list(range(9)), 9) == random.Random(5).sample(range(9), 9)
 
 
 @pytest.mark.skipif(not _C, reason=_NOT_C)
