@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
+from taskserver import heap
 from taskserver.heap import (
     GC_PAUSE_BUCKETS_S,
     YOUNG_THRESHOLD,
@@ -23,11 +24,15 @@ from taskserver.metrics import register_build_info
 
 @pytest.fixture
 def gc_state() -> Iterator[None]:
-    """The collector as it was, afterwards (the test process's own heap is not frozen)."""
+    """The collector as it was, afterwards (the test process's own heap is not frozen), and
+    a process that has not settled its heap, before and after."""
     threshold = gc.get_threshold()
+    settled = heap._settled
+    heap._settled = False
     yield
     gc.unfreeze()
     gc.set_threshold(*threshold)
+    heap._settled = settled
 
 
 @pytest.mark.usefixtures("gc_state")
@@ -39,7 +44,9 @@ def test_settling_freezes_what_is_alive_and_raises_the_young_threshold() -> None
     assert frozen > 0
     assert gc.get_threshold() == (YOUNG_THRESHOLD, 10, 10)
     later = [[i] for i in range(100)]  # a service started later in the same process
+    collections = gc.get_stats()[2]["collections"]
     settle_heap()
+    assert gc.get_stats()[2]["collections"] == collections  # only the first one collects
     assert gc.get_freeze_count() >= frozen + len(later)
     assert gc.get_threshold() == (YOUNG_THRESHOLD, 10, 10)
 
@@ -57,6 +64,7 @@ def test_refreezing_needs_a_settled_heap() -> None:
     assert not refreeze()  # a process that never settled (a test process hosting services)
     assert gc.get_freeze_count() == 0
     settle_heap()
+    assert heap._settled
     frozen = gc.get_freeze_count()
     joined = [[i] for i in range(500)]  # the objects of servers that joined later
     assert refreeze()
