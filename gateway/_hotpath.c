@@ -8,13 +8,14 @@
  * then decodes it the general way: taskserver.framecheck, then thriftpy2). The tests
  * compare the two on random and fuzzed inputs (tests/unit/test_hotpath.py).
  *
- * It also maps a query's server ids to the CdfBook's rows (slots_of), the twin of the
- * itemgetter in gateway/cdf.py, for the x_p^u solver of a large fanout, and searches the
- * book's log-CDF grid for the point where a query's summed log F crosses log(p/100)
- * (crossing, probe), the twins of _crossing and _probe in gateway/cdf.py. And it writes the
- * "tasks" array of a query answer (render_tasks), the twin of gateway/queries.py's
- * render_answer_py. And it takes a frame's results to their tasks and settles them into
- * their queries (take, settle), the twins of gateway/settle.py's take_py and settle_py.
+ * It also maps a query's server ids to the CdfBook's rows (SlotIndex, mirroring the book's
+ * dict, whose itemgetter in gateway/cdf.py is its twin), for the x_p^u solver of a large
+ * fanout, and searches the book's log-CDF grid for the point where a query's summed log F
+ * crosses log(p/100) (crossing, probe, search), the twins of _crossing, _probe and _search
+ * in gateway/cdf.py. And it writes the "tasks" array of a query answer (render_tasks), the
+ * twin of gateway/queries.py's render_answer_py. And it takes a frame's results to their
+ * tasks and settles them into their queries (take, settle), the twins of
+ * gateway/settle.py's take_py and settle_py.
  *
  * encode_tasks(items, max_batch_bytes) -> bytes
  * decode_results(frame, max_string, max_items, max_depth, max_duration_ms, report_type, statuses)
@@ -512,45 +513,209 @@ fail:
 
 /* ---------------------------------------------------------------- CDF rows ---------- */
 
-/* slots_of(mapping, ids) -> bytes: mapping[id] for each id, as native Py_ssize_t (the
- * CdfBook's rows of a query's servers, read with numpy.frombuffer); KeyError(id) for an id
- * the mapping lacks. The twin of CdfBook._rows_of's itemgetter, without a tuple of ints. */
-static PyObject *slots_of(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    PyObject *mapping, *ids, *seq, *out, *value;
-    Py_ssize_t n, i, *dst;
-    (void)self;
-    if (nargs != 2 || !PyDict_CheckExact(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "slots_of(mapping: dict, ids: sequence)");
+/* SlotIndex: the CdfBook's server id -> slot, mirrored from its dict (gateway/cdf.py keeps
+ * both, writing each change to both), for the lookup of a query's ids: a hash table of
+ * exact-str keys, open addressing with linear probing, at most half full. A key is first
+ * compared by identity (the ids a gateway passes are the strings it registered), then by
+ * hash, length, kind and bytes. A dict lookup through the C API costs ~20-25 ns here even
+ * with every line in L1 (measured at 1,000 ids); this one ~4 ns when the ids are the
+ * registered objects, ~14 ns when they are equal strings of their own.
+ *
+ * SlotIndex() ; set(key: str, slot: int) ; discard(key) -> bool ; lookup(ids) -> bytes of
+ * native Py_ssize_t (numpy.frombuffer), KeyError(id) for an id it lacks, None when an id is
+ * not an exact str (the caller then asks the dict, whose __eq__ and __hash__ rules apply) ;
+ * len(index). */
+typedef struct {
+    PyObject *key; /* an exact str, held; NULL: empty */
+    Py_hash_t hash;
+    Py_ssize_t slot;
+} IndexEntry;
+
+typedef struct {
+    PyObject_HEAD
+    IndexEntry *table;
+    Py_ssize_t mask, used; /* capacity - 1 (a power of two), live keys */
+} SlotIndex;
+
+static Py_hash_t str_hash(PyObject *key) {
+    Py_hash_t h = ((PyASCIIObject *)key)->hash; /* cached by str itself once computed */
+    return h != -1 ? h : PyObject_Hash(key);
+}
+
+static int str_equal(PyObject *a, PyObject *b) {
+    Py_ssize_t n = PyUnicode_GET_LENGTH(a);
+    int kind = PyUnicode_KIND(a);
+    return n == PyUnicode_GET_LENGTH(b) && kind == PyUnicode_KIND(b) &&
+           memcmp(PyUnicode_DATA(a), PyUnicode_DATA(b), (size_t)n * (size_t)kind) == 0;
+}
+
+/* the entry holding key, or the empty one where it would go */
+static IndexEntry *index_find(const SlotIndex *ix, PyObject *key, Py_hash_t hash) {
+    size_t i = (size_t)hash & (size_t)ix->mask;
+    for (;;) {
+        IndexEntry *e = &ix->table[i];
+        if (e->key == key || e->key == NULL) return e;
+        if (e->hash == hash && str_equal(e->key, key)) return e;
+        i = (i + 1) & (size_t)ix->mask;
+    }
+}
+
+static int index_resize(SlotIndex *ix, Py_ssize_t capacity) {
+    IndexEntry *old = ix->table, *e;
+    Py_ssize_t old_capacity = old == NULL ? 0 : ix->mask + 1, i;
+    IndexEntry *table = PyMem_Calloc((size_t)capacity, sizeof(IndexEntry));
+    if (table == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    ix->table = table;
+    ix->mask = capacity - 1;
+    for (i = 0; i < old_capacity; i++) {
+        if (old[i].key == NULL) continue;
+        e = index_find(ix, old[i].key, old[i].hash);
+        *e = old[i];
+    }
+    PyMem_Free(old);
+    return 0;
+}
+
+static PyObject *index_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    SlotIndex *ix;
+    if (PyTuple_GET_SIZE(args) != 0 || (kwargs != NULL && PyDict_GET_SIZE(kwargs) != 0)) {
+        PyErr_SetString(PyExc_TypeError, "SlotIndex() takes no arguments");
         return NULL;
     }
-    mapping = args[0];
-    ids = args[1];
+    ix = (SlotIndex *)type->tp_alloc(type, 0);
+    if (ix == NULL) return NULL;
+    if (index_resize(ix, 8) < 0) {
+        Py_DECREF(ix);
+        return NULL;
+    }
+    return (PyObject *)ix;
+}
+
+static void index_dealloc(SlotIndex *ix) {
+    Py_ssize_t i;
+    if (ix->table != NULL) {
+        for (i = 0; i <= ix->mask; i++) Py_XDECREF(ix->table[i].key);
+        PyMem_Free(ix->table);
+    }
+    Py_TYPE(ix)->tp_free((PyObject *)ix);
+}
+
+static Py_ssize_t index_len(SlotIndex *ix) { return ix->used; }
+
+static PyObject *index_set(SlotIndex *ix, PyObject *const *args, Py_ssize_t nargs) {
+    PyObject *key;
+    Py_hash_t hash;
+    Py_ssize_t slot;
+    IndexEntry *e;
+    if (nargs != 2 || !PyUnicode_CheckExact(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "SlotIndex.set(key: str, slot: int)");
+        return NULL;
+    }
+    key = args[0];
+    slot = PyLong_AsSsize_t(args[1]);
+    if (slot == -1 && PyErr_Occurred()) return NULL;
+    hash = str_hash(key);
+    if (hash == -1) return NULL;
+    if (2 * (ix->used + 1) > ix->mask + 1 && index_resize(ix, 2 * (ix->mask + 1)) < 0)
+        return NULL;
+    e = index_find(ix, key, hash);
+    if (e->key == NULL) ix->used++;
+    Py_INCREF(key); /* the newest object: the one the gateway's links now hold */
+    Py_XSETREF(e->key, key);
+    e->hash = hash;
+    e->slot = slot;
+    Py_RETURN_NONE;
+}
+
+static PyObject *index_discard(SlotIndex *ix, PyObject *key) {
+    Py_hash_t hash;
+    IndexEntry *e;
+    PyObject *held;
+    size_t i, j, home, mask = (size_t)ix->mask;
+    if (!PyUnicode_CheckExact(key)) Py_RETURN_FALSE; /* never set */
+    hash = str_hash(key);
+    if (hash == -1) return NULL;
+    e = index_find(ix, key, hash);
+    if (e->key == NULL) Py_RETURN_FALSE;
+    held = e->key;
+    /* Backward shift: each later entry of the probe run moves into the hole when the hole
+     * lies between its home and where it sits, so no tombstone is needed and every run a
+     * lookup walks stays unbroken. */
+    i = (size_t)(e - ix->table);
+    for (j = (i + 1) & mask; ix->table[j].key != NULL; j = (j + 1) & mask) {
+        home = (size_t)ix->table[j].hash & mask;
+        if (((j - home) & mask) >= ((j - i) & mask)) {
+            ix->table[i] = ix->table[j];
+            i = j;
+        }
+    }
+    ix->table[i].key = NULL;
+    ix->used--;
+    Py_DECREF(held);
+    Py_RETURN_TRUE;
+}
+
+static PyObject *index_lookup(SlotIndex *ix, PyObject *ids) {
+    PyObject *seq, *out, *key;
+    Py_ssize_t n, i, *dst;
+    Py_hash_t hash;
+    IndexEntry *e;
     seq = PySequence_Fast(ids, "ids: a sequence is needed");
     if (seq == NULL) return NULL;
     n = PySequence_Fast_GET_SIZE(seq);
     out = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(Py_ssize_t));
-    if (out == NULL) {
-        Py_DECREF(seq);
-        return NULL;
-    }
+    if (out == NULL) goto fail;
     dst = (Py_ssize_t *)PyBytes_AS_STRING(out);
     for (i = 0; i < n; i++) {
-        PyObject *key = PySequence_Fast_GET_ITEM(seq, i);
-        value = PyDict_GetItemWithError(mapping, key);
-        if (value == NULL) {
-            if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, key);
+        key = PySequence_Fast_GET_ITEM(seq, i);
+        if (!PyUnicode_CheckExact(key)) {
+            Py_DECREF(out);
+            Py_DECREF(seq);
+            Py_RETURN_NONE;
+        }
+        hash = str_hash(key);
+        if (hash == -1) goto fail;
+        e = index_find(ix, key, hash);
+        if (e->key == NULL) {
+            PyErr_SetObject(PyExc_KeyError, key);
             goto fail;
         }
-        dst[i] = PyLong_AsSsize_t(value);
-        if (dst[i] == -1 && PyErr_Occurred()) goto fail;
+        dst[i] = e->slot;
     }
     Py_DECREF(seq);
     return out;
 fail:
+    Py_XDECREF(out);
     Py_DECREF(seq);
-    Py_DECREF(out);
     return NULL;
 }
+
+static PyMethodDef index_methods[] = {
+    {"set", (PyCFunction)(void (*)(void))index_set, METH_FASTCALL,
+     "set(key: str, slot: int): map key to slot"},
+    {"discard", (PyCFunction)index_discard, METH_O,
+     "discard(key) -> bool: forget key (False if it was not there)"},
+    {"lookup", (PyCFunction)index_lookup, METH_O,
+     "lookup(ids) -> bytes of native Py_ssize_t, the slot of each id (KeyError for one "
+     "missing), or None when an id is not an exact str"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PySequenceMethods index_as_sequence = {.sq_length = (lenfunc)index_len};
+
+static PyTypeObject SlotIndexType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "gateway._hotpath.SlotIndex",
+    .tp_basicsize = sizeof(SlotIndex),
+    .tp_dealloc = (destructor)index_dealloc,
+    .tp_as_sequence = &index_as_sequence,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Server id -> CDF slot, for the lookup of a query's ids (gateway/cdf.py).",
+    .tp_methods = index_methods,
+    .tp_new = index_new,
+};
 
 /* ---------------------------------------------------------------- the grid search ---- */
 
@@ -602,13 +767,48 @@ fail:
     return -1;
 }
 
-/* sum over the rows of matrix[point, row], in double, in the rows' order */
+/* The sum over the rows of line[row], in double, in SUM_LANES lanes: lane j adds the rows
+ * at positions j, j + SUM_LANES, ... in their order, from -0.0 (the identity of +, signed
+ * zeros included); then ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)). One chain of
+ * adds, one per row, would wait on the adder's latency (~4 cycles) at every row; eight
+ * independent chains keep it busy. gateway/cdf.py's _sum_at adds in this order too, so the
+ * twins agree to the bit. */
+#define SUM_LANES 8
+static double lane_sum(const float *line, const Py_ssize_t *rows, Py_ssize_t k) {
+    double l[SUM_LANES] = {-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0};
+    Py_ssize_t i = 0, j;
+    for (; i + SUM_LANES <= k; i += SUM_LANES) {
+        for (j = 0; j < SUM_LANES; j++) l[j] += (double)line[rows[i + j]];
+    }
+    for (j = 0; i + j < k; j++) l[j] += (double)line[rows[i + j]];
+    return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
+
+/* sum over the rows of matrix[point, row] (lane_sum's order) */
 static double grid_sum(const Grid *g, Py_ssize_t point) {
-    const float *line = g->data + point * g->capacity;
-    double total = 0.0;
-    Py_ssize_t i;
-    for (i = 0; i < g->k; i++) total += (double)line[g->rows[i]];
-    return total;
+    return lane_sum(g->data + point * g->capacity, g->rows, g->k);
+}
+
+/* The first point of `points` lines (each `capacity` floats) whose sum over the rows is
+ * >= level, by bisection, with the sums taken at the final lo - 1 and hi (NaN if none). */
+static Py_ssize_t bisect_lines(const float *data, Py_ssize_t points, Py_ssize_t capacity,
+                               const Py_ssize_t *rows, Py_ssize_t k, double level,
+                               double *below, double *at) {
+    Py_ssize_t lo = 0, hi = points, mid;
+    double sum;
+    *below = *at = Py_NAN;
+    while (lo < hi) {
+        mid = lo + (hi - lo) / 2;
+        sum = lane_sum(data + mid * capacity, rows, k);
+        if (sum < level) {
+            lo = mid + 1;
+            *below = sum; /* lo only rises: the last one is the sum at the final lo - 1 */
+        } else {
+            hi = mid;
+            *at = sum; /* likewise at the final hi */
+        }
+    }
+    return lo;
 }
 
 /* crossing(matrix, rows, level) -> (index, below, at): the first point whose sum over the
@@ -617,8 +817,8 @@ static double grid_sum(const Grid *g, Py_ssize_t point) {
  * bisection took at index - 1 and at index (NaN where it took none: index 0, or points). */
 static PyObject *crossing(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     Grid g;
-    double level, sum, below = Py_NAN, at = Py_NAN;
-    Py_ssize_t lo, hi, mid;
+    double level, below, at;
+    Py_ssize_t lo;
     (void)self;
     if (nargs != 3) {
         PyErr_SetString(PyExc_TypeError, "crossing(matrix, rows, level)");
@@ -627,19 +827,7 @@ static PyObject *crossing(PyObject *self, PyObject *const *args, Py_ssize_t narg
     level = PyFloat_AsDouble(args[2]);
     if (level == -1.0 && PyErr_Occurred()) return NULL;
     if (grid_open(&g, args[0], args[1]) < 0) return NULL;
-    lo = 0;
-    hi = g.points;
-    while (lo < hi) {
-        mid = lo + (hi - lo) / 2;
-        sum = grid_sum(&g, mid);
-        if (sum < level) {
-            lo = mid + 1;
-            below = sum; /* lo only rises: the last one is the sum at the final lo - 1 */
-        } else {
-            hi = mid;
-            at = sum; /* likewise at the final hi */
-        }
-    }
+    lo = bisect_lines(g.data, g.points, g.capacity, g.rows, g.k, level, &below, &at);
     grid_release(&g);
     return Py_BuildValue("(ndd)", lo, below, at);
 }
@@ -665,6 +853,76 @@ static PyObject *probe(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     total = grid_sum(&g, point);
     grid_release(&g);
     return PyFloat_FromDouble(total);
+}
+
+/* search(coarse, blocks, rows, level, threshold) -> None | (cell, step, below, at, least):
+ * CdfBook._solve_rows' search of the grid in one call, the twin of gateway/cdf.py's
+ * _search_py. None when the rows are all one row (the caller's closed form). Otherwise
+ * cell = crossing(coarse, rows, level)[0]; for 1 <= cell <= len(blocks), (step, below, at)
+ * = crossing(blocks[cell - 1], rows, level), else step = -1 and NaN sums; and least = the
+ * smallest threshold[row] over the rows (NaN if any is NaN, as numpy's min). */
+static PyObject *search(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    Grid g;
+    Py_buffer b, t;
+    const double *thr;
+    double level, below = Py_NAN, at = Py_NAN, least;
+    Py_ssize_t cell, step = -1, first, i, r, steps;
+    int same = 1;
+    PyObject *out = NULL;
+    (void)self;
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "search(coarse, blocks, rows, level, threshold)");
+        return NULL;
+    }
+    level = PyFloat_AsDouble(args[3]);
+    if (level == -1.0 && PyErr_Occurred()) return NULL;
+    if (grid_open(&g, args[0], args[2]) < 0) return NULL;
+    memset(&b, 0, sizeof(b));
+    memset(&t, 0, sizeof(t));
+    if (PyObject_GetBuffer(args[1], &b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) goto done;
+    if (b.ndim != 3 || b.itemsize != 4 || b.format == NULL || strcmp(b.format, "f") != 0 ||
+        b.shape[0] != g.points - 1 || b.shape[1] < 1 || b.shape[2] != g.capacity) {
+        PyErr_SetString(PyExc_TypeError,
+                        "blocks: a C-contiguous float32 array of shape (points - 1, steps, "
+                        "capacity) is needed");
+        goto done;
+    }
+    if (PyObject_GetBuffer(args[4], &t, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) goto done;
+    if (t.ndim != 1 || t.itemsize != 8 || t.format == NULL || strcmp(t.format, "d") != 0 ||
+        t.shape[0] < g.capacity) {
+        PyErr_SetString(PyExc_TypeError,
+                        "threshold: a 1-D float64 array of at least capacity values is needed");
+        goto done;
+    }
+    if (g.k == 0) {
+        PyErr_SetString(PyExc_ValueError, "rows is empty");
+        goto done;
+    }
+    thr = (const double *)t.buf;
+    first = g.rows[0];
+    least = thr[first];
+    for (i = 1; i < g.k; i++) {
+        r = g.rows[i];
+        same &= r == first;
+        if (thr[r] < least || isnan(thr[r])) least = thr[r];
+    }
+    if (same) {
+        out = Py_NewRef(Py_None);
+        goto done;
+    }
+    cell = bisect_lines(g.data, g.points, g.capacity, g.rows, g.k, level, &below, &at);
+    below = at = Py_NAN;
+    if (cell >= 1 && cell <= b.shape[0]) {
+        steps = b.shape[1];
+        step = bisect_lines((const float *)b.buf + (cell - 1) * steps * g.capacity, steps,
+                            g.capacity, g.rows, g.k, level, &below, &at);
+    }
+    out = Py_BuildValue("(nnddd)", cell, step, below, at, least);
+done:
+    if (t.obj != NULL) PyBuffer_Release(&t);
+    if (b.obj != NULL) PyBuffer_Release(&b);
+    grid_release(&g);
+    return out;
 }
 
 /* ---------------------------------------------------------------- answers ----------- */
@@ -1769,10 +2027,11 @@ static PyMethodDef methods[] = {
     {"crossing", (PyCFunction)(void (*)(void))crossing, METH_FASTCALL,
      "crossing(matrix, rows, level) -> (first point whose sum over the rows is >= level, "
      "the sum before it, the sum at it)"},
+    {"search", (PyCFunction)(void (*)(void))search, METH_FASTCALL,
+     "search(coarse, blocks, rows, level, threshold) -> None if the rows are one row, else "
+     "(cell, step, sum before, sum at, least threshold)"},
     {"probe", (PyCFunction)(void (*)(void))probe, METH_FASTCALL,
      "probe(matrix, rows, point) -> the sum over the rows at that point"},
-    {"slots_of", (PyCFunction)(void (*)(void))slots_of, METH_FASTCALL,
-     "slots_of(mapping, ids) -> bytes of native Py_ssize_t: mapping[id] for each id"},
     {"encode_tasks", (PyCFunction)(void (*)(void))encode_tasks, METH_FASTCALL,
      "encode_tasks(items, max_batch_bytes) -> framed submit/submit_batch messages"},
     {"decode_results", (PyCFunction)(void (*)(void))decode_results, METH_FASTCALL,
@@ -1787,6 +2046,7 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__hotpath(void) {
+    PyObject *m;
     int i;
     for (i = 0; i < 11; i++) {
         if (attr_names[i] == NULL) attr_names[i] = PyUnicode_InternFromString(attr_text[i]);
@@ -1815,5 +2075,14 @@ PyMODINIT_FUNC PyInit__hotpath(void) {
         if (bits_objects[i] == NULL) bits_objects[i] = PyLong_FromLong(i);
         if (bits_objects[i] == NULL) return NULL;
     }
-    return PyModule_Create(&module);
+    if (PyType_Ready(&SlotIndexType) < 0) return NULL;
+    m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    Py_INCREF(&SlotIndexType);
+    if (PyModule_AddObject(m, "SlotIndex", (PyObject *)&SlotIndexType) < 0) {
+        Py_DECREF(&SlotIndexType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

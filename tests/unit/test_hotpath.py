@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import random
 import struct
+import sys
 from typing import Any
 
 import pytest
@@ -224,19 +225,100 @@ def test_the_c_encoder_and_decoder_are_built_here() -> None:
 
 
 @pytest.mark.skipif(hotpath.IMPLEMENTATION != "c", reason="gateway._hotpath is not built")
-def test_slots_of_maps_ids_as_the_dict_does() -> None:
+def test_the_slot_index_maps_ids_as_a_dict_does_through_sets_discards_and_growth() -> None:
     import numpy as np
 
-    from gateway._hotpath import slots_of
+    from gateway._hotpath import SlotIndex
 
     rng = random.Random(3)
-    mapping = {f"srv-{i}": rng.randrange(10_000) for i in range(500)}
-    ids = [rng.choice(list(mapping)) for _ in range(2000)]
-    got = np.frombuffer(slots_of(mapping, ids), dtype=np.intp)
-    assert got.tolist() == [mapping[i] for i in ids]
-    assert slots_of(mapping, ()) == b""
-    with pytest.raises(KeyError, match="nope"):
-        slots_of(mapping, [*ids[:5], "nope"])
+    pool = [f"srv-{i}" for i in range(400)]
+    index, mirror = SlotIndex(), {}
+    for step in range(20_000):
+        key = rng.choice(pool)
+        if rng.random() < 0.4:
+            assert index.discard(key) == (mirror.pop(key, None) is not None)
+        else:
+            slot = rng.randrange(-5, 10_000)
+            index.set("".join(key), slot)  # an equal string, often another object
+            mirror[key] = slot
+        if step % 500 == 0 or step > 19_900:
+            assert len(index) == len(mirror)
+            ids = [rng.choice(list(mirror)) for _ in range(300)] if mirror else []
+            ids += [f"srv-{i}" for i in range(400) if f"srv-{i}" in mirror]  # new objects
+            got = np.frombuffer(index.lookup(ids), dtype=np.intp)
+            assert got.tolist() == [mirror[i] for i in ids]
+            absent = [k for k in pool if k not in mirror]
+            for key in absent[:20]:
+                with pytest.raises(KeyError, match=key):
+                    index.lookup([*ids[:3], key])
+    assert index.lookup(()) == b""
+    present = next(iter(mirror))
+    assert index.lookup((present, 7)) is None  # not a str: for the dict to judge
+    assert index.lookup([type("Sub", (str,), {})(present)]) is None
+    assert not index.discard(7)
+    with pytest.raises(TypeError, match="key: str"):
+        index.set(7, 1)
+    with pytest.raises(TypeError, match="key: str"):
+        index.set(type("Sub", (str,), {})("srv-1"), 1)
+    with pytest.raises(TypeError, match="no arguments"):
+        SlotIndex({})
+
+
+@pytest.mark.skipif(hotpath.IMPLEMENTATION != "c", reason="gateway._hotpath is not built")
+def test_the_slot_index_holds_its_keys_until_they_are_discarded() -> None:
+    from gateway._hotpath import SlotIndex
+
+    index = SlotIndex()
+    keys = ["".join(("key-", str(i))) for i in range(50)]  # objects of this test's own
+    before = [sys.getrefcount(k) for k in keys]
+    for i in range(len(keys)):
+        index.set(keys[i], i)
+    assert [sys.getrefcount(k) for k in keys] == [n + 1 for n in before]
+    newer = "".join(("key-", "7"))
+    index.set(newer, 70)  # the newest object is kept, the older one released
+    assert sys.getrefcount(keys[7]) == before[7] and sys.getrefcount(newer) == 3
+    for i in range(25):
+        assert index.discard(keys[i])
+    assert [sys.getrefcount(k) for k in keys][:25] == before[:25]
+    assert sys.getrefcount(newer) == 2
+    del index
+    assert [sys.getrefcount(k) for k in keys] == before
+
+
+def test_the_cdf_books_index_follows_registrations_and_moved_rows() -> None:
+    """Servers joining, leaving and rejoining, and rows leaving a shared slot on their
+    first refresh: the book's C index (where built) maps each id as its dict does."""
+    import numpy as np
+
+    from gateway import cdf
+
+    rng = np.random.default_rng(9)
+    book = cdf.CdfBook(window_size=64, refresh_every=8)
+    prior = rng.lognormal(0.0, 0.5, 64)  # one prior object: its rows share one slot
+    live: set[str] = set()
+    moved = 0
+    for step in range(3000):
+        sid = f"s{int(rng.integers(0, 120))}"
+        roll = rng.random()
+        if roll < 0.15 and sid in live:
+            book.remove_server(sid)
+            live.discard(sid)
+        elif roll < 0.4:
+            book.add_server(sid, prior if rng.random() < 0.7 else rng.lognormal(0, 0.4, 64))
+            live.add(sid)
+        elif live:
+            target = sorted(live)[int(rng.integers(0, len(live)))]
+            slot = book._slot_of[target]
+            book.observe_many(target, rng.lognormal(0.0, 0.5, 8).tolist())
+            moved += book._slot_of[target] != slot
+        if step % 100 == 0 and len(live) >= 2:
+            ids = ["".join(s) for s in sorted(live)]  # equal strings, other objects
+            want = [book._slot_of[s] for s in ids]
+            assert book._rows_of(ids).tolist() == want
+            if book._index is not None:
+                assert len(book._index) == len(live)
+                assert np.frombuffer(book._index.lookup(ids), np.intp).tolist() == want
+    assert moved > 50  # rows did leave their shared slot
 
 
 def _log_cdf_matrix(rng: Any, points: int, capacity: int) -> Any:
@@ -275,6 +357,81 @@ def test_grid_crossing_and_probe_agree_bit_for_bit_with_their_python_twins() -> 
                     assert got[0] == i
                     assert got[1] == sums[i - 1] if i > 0 else math.isnan(got[1])
                     assert got[2] == sums[i] if i < points else math.isnan(got[2])
+
+
+def test_a_lane_sum_is_the_sum_of_the_rows_values() -> None:
+    import numpy as np
+
+    from gateway.cdf import SUM_LANES, _probe_py
+
+    rng = np.random.default_rng(12)
+    matrix = _log_cdf_matrix(rng, 3, 200)
+    for k in (1, SUM_LANES - 1, SUM_LANES, SUM_LANES + 1, 3 * SUM_LANES + 5, 1000):
+        rows = rng.integers(0, 200, k).astype(np.intp)
+        for point in range(3):
+            exact = math.fsum(matrix[point, rows].astype(np.float64).tolist())
+            assert _probe_py(matrix, rows, point) == pytest.approx(exact, rel=1e-13, abs=1e-300)
+    # -0.0 is the identity the lanes start from: a sum of signed zeros keeps its sign.
+    zeros = np.full((1, 4), -0.0, dtype=np.float32)
+    assert math.copysign(1.0, _probe_py(zeros, np.array([0, 3, 1], dtype=np.intp), 0)) == -1.0
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_the_grid_search_of_a_solve_agrees_with_its_parts(impl: str) -> None:
+    """search = crossing over the coarse points, then over the cell's block; the least
+    threshold; None for one row however often repeated. C and Python to the bit."""
+    import numpy as np
+
+    from gateway import cdf
+
+    rng = np.random.default_rng(13)
+    cells, steps, capacity = 16, 5, 300
+    fine = _log_cdf_matrix(rng, cells * (steps - 1) + 1, capacity)
+    coarse = np.ascontiguousarray(fine[:: steps - 1])
+    index = np.arange(cells)[:, None] * (steps - 1) + np.arange(steps)
+    blocks = np.ascontiguousarray(fine[index])
+    threshold = rng.uniform(1.0, 9.0, capacity + 3)
+    search = cdf._search_py if impl == "python" else cdf._c_search
+    seen = set()
+    for k in (2, 9, 64, 1000):
+        rows = rng.integers(0, capacity, k).astype(np.intp)
+        sums = [cdf._probe_py(coarse, rows, i) for i in range(cells + 1)]
+        levels = [sums[0] - 1.0, sums[-1] + 1.0, sums[3], *rng.uniform(sums[0], sums[-1], 30)]
+        for level in map(float, levels):
+            got = search(coarse, blocks, rows, level, threshold)
+            want = cdf._search_py(coarse, blocks, rows, level, threshold)
+            assert got is not None and want is not None
+            pairs = zip(got, want, strict=True)
+            assert all(a == b or (math.isnan(a) and math.isnan(b)) for a, b in pairs)
+            cell, step, below, at, least = got
+            assert cell == cdf._crossing_py(coarse, rows, level)[0]
+            assert least == threshold[rows].min()
+            if 1 <= cell <= cells:
+                assert (step, below, at) == cdf._crossing_py(blocks[cell - 1], rows, level)
+                seen.add("inside")
+            else:
+                assert step == -1 and math.isnan(below) and math.isnan(at)
+                seen.add("outside")
+    assert seen == {"inside", "outside"}
+    one = np.full(50, 7, dtype=np.intp)
+    assert search(coarse, blocks, one, float(sums[3]), threshold) is None
+    threshold[9] = math.nan  # numpy's min: a NaN among them is the minimum
+    least = search(coarse, blocks, np.array([2, 9, 4], dtype=np.intp), -1.0, threshold)[4]
+    assert math.isnan(least)
+    with pytest.raises(ValueError, match="rows is empty"):
+        search(coarse, blocks, np.array([], dtype=np.intp), -1.0, threshold)
+    with pytest.raises(IndexError, match=r"rows\[1\] = 300 is outside"):
+        search(coarse, blocks, np.array([0, 300], dtype=np.intp), -1.0, threshold)
+    if impl == "c":  # the C side reads raw buffers: it checks their shapes
+        rows = np.array([0, 1], dtype=np.intp)
+        with pytest.raises(TypeError, match="blocks: a C-contiguous float32"):
+            search(coarse, blocks[1:], rows, -1.0, threshold)
+        with pytest.raises(TypeError, match="blocks: a C-contiguous float32"):
+            search(coarse, blocks.astype(np.float64), rows, -1.0, threshold)
+        with pytest.raises(TypeError, match="threshold: a 1-D float64"):
+            search(coarse, blocks, rows, -1.0, threshold[: capacity - 1])
+        with pytest.raises(TypeError, match="threshold: a 1-D float64"):
+            search(coarse, blocks, rows, -1.0, threshold.astype(np.float32))
 
 
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
@@ -321,12 +478,17 @@ def test_the_cdf_book_solves_the_same_with_the_c_lookup_and_search_or_their_twin
     ks = (2, 20, 100, 300, 1000)  # repeats included: choices with replacement
     picks = [[f"s{j}" for j in rng.choice(300, k)] for k in ks for _ in range(4)]
     first = [book.solve(p, 99.0) for p in picks]
-    searches = [(cdf._crossing_py, cdf._probe_py), (cdf._crossing, cdf._probe)]
-    for lookup in (cdf._slots_of, None):
-        for crossing, probe in searches:
-            monkeypatch.setattr(cdf, "_slots_of", lookup)
+    searches = [
+        (cdf._crossing_py, cdf._probe_py, cdf._search_py),
+        (cdf._crossing, cdf._probe, cdf._search),
+    ]
+    index = book._index
+    for lookup in (index, None):
+        for crossing, probe, search in searches:
+            monkeypatch.setattr(book, "_index", lookup)
             monkeypatch.setattr(cdf, "_crossing", crossing)
             monkeypatch.setattr(cdf, "_probe", probe)
+            monkeypatch.setattr(cdf, "_search", search)
             assert [book.solve(p, 99.0) for p in picks] == first
             with pytest.raises(KeyError, match="unknown server id 'x'"):
                 book.solve(["s1"] * 30 + ["x"], 99.0)

@@ -13,7 +13,7 @@ from tests.conftest import REPO_ROOT
 
 PROBE = (
     "import taskserver.framecheck as f, gateway.hotpath as h, gateway.cdf as c; "
-    "print(f.IMPLEMENTATION, h.IMPLEMENTATION, c._slots_of is None, c._crossing is c._crossing_py)"
+    "print(f.IMPLEMENTATION, h.IMPLEMENTATION, c._SlotIndex is None, c._crossing is c._crossing_py)"
 )
 
 
