@@ -71,23 +71,47 @@ class GcPauses:
 
     def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
         self._clock = clock
-        self._started = 0.0
+        self._started: float | None = None
         self.buckets = [[0] * (len(GC_PAUSE_BUCKETS_S) + 1) for _ in range(self.GENERATIONS)]
         """Per generation, passes per bucket (the last: above every bound); not cumulative."""
         self.total_s = [0.0] * self.GENERATIONS
         self.longest_s = [0.0] * self.GENERATIONS
+        self.untimed = 0
+        """Passes that could not be timed (started at the recursion limit)."""
 
     def __call__(self, phase: str, info: dict[str, Any]) -> None:
-        """gc.callbacks' protocol: called with "start" and "stop" around each pass."""
-        if phase == "start":
-            self._started = self._clock()
-            return
-        pause = self._clock() - self._started
-        g = min(int(info.get("generation", 0)), self.GENERATIONS - 1)
-        self.buckets[g][bisect_left(GC_PAUSE_BUCKETS_S, pause)] += 1
-        self.total_s[g] += pause
-        if pause > self.longest_s[g]:
-            self.longest_s[g] = pause
+        """gc.callbacks' protocol: called with "start" and "stop" around each pass.
+
+        A pass may start anywhere, also at the bottom of a stack run to the recursion limit
+        (a peer's 100,000 ``[`` once ran Python's JSON parser there, before
+        taskserver.jsonbody read the brackets first). There even a comparison raises
+        RecursionError, which the collector would print as an ignored exception with its
+        traceback. Such a pass goes untimed:
+        counted in `untimed` (once, at its stop), and a "stop" whose "start" was not timed
+        is not taken as a pause."""
+        stopping = False
+        try:
+            if phase == "start":
+                self._started = None  # a clock that raises leaves no older start behind
+                self._started = self._clock()
+                return
+            stopping = True
+            started, self._started = self._started, None
+            if started is None:
+                self.untimed += 1
+                return
+            pause = self._clock() - started
+            g = min(int(info.get("generation", 0)), self.GENERATIONS - 1)
+            self.buckets[g][bisect_left(GC_PAUSE_BUCKETS_S, pause)] += 1
+            self.total_s[g] += pause
+            if pause > self.longest_s[g]:
+                self.longest_s[g] = pause
+        except RecursionError:
+            # No comparison here: at the limit it would raise again. A start that failed is
+            # counted at its stop; a pass whose phase could not even be read goes uncounted.
+            self._started = None
+            if stopping:
+                self.untimed += 1
 
     def passes(self, generation: int) -> int:
         """Passes of this generation timed so far."""

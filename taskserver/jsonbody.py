@@ -6,11 +6,19 @@ which nothing expects, and a document nested a few hundred levels deep parses bu
 breaks whatever recurses over it next (``json.dumps`` in a deeper stack, an executor).
 So every such document is held to MAX_DEPTH levels, the same on the gateway, the task
 servers and the edge agents, and a deeper one is an ordinary ValueError naming the limit.
+
+The parser is not let recurse that deep to find out: a collection that starts at the bottom
+of such a stack runs its callbacks there (the process's GC pause timer, taskserver.heap),
+where even a comparison raises RecursionError and the collector prints a traceback. A text
+with more than MAX_DEPTH brackets is first read for its brackets alone, outside its strings
+(`_too_deep`), and one that nests deeper, or whose brackets do not pair up, is refused
+before the parser sees it.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 __all__ = ["MAX_DEPTH", "JsonError", "check_depth", "loads"]
@@ -25,18 +33,50 @@ class JsonError(ValueError):
     """Not JSON, or nested deeper than MAX_DEPTH; the message says which."""
 
 
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+"""A JSON string literal, escapes included (the unrolled form: no backtracking per char)."""
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+
+
+def _too_deep(text: str, limit: int = MAX_DEPTH) -> str | None:
+    """Why `text` cannot be parsed within `limit` levels, read from its brackets alone
+    (outside its strings), or None: it may be parsed, nesting at most 2 * limit levels.
+
+    Each pass removes every adjacent pair ``[]`` and ``{}``, so it takes at least one level
+    off the deepest chain, and at most two (a ``{}`` freed by removing ``[]`` pairs goes in
+    the same pass): brackets left after `limit` passes nest more than `limit` deep, and a
+    pass that removes nothing leaves brackets that never pair up (not JSON)."""
+    brackets = _NOT_BRACKET.sub("", _STRING.sub("", text))
+    for _ in range(limit):
+        if not brackets:
+            return None
+        shorter = brackets.replace("[]", "").replace("{}", "")
+        if len(shorter) == len(brackets):
+            return "invalid JSON: its brackets do not pair up"
+        brackets = shorter
+    return None if not brackets else f"nested more than {limit} levels deep"
+
+
 def loads(raw: bytes | bytearray | memoryview | str) -> Any:
     """Parse `raw` as JSON of at most MAX_DEPTH levels; JsonError if it is not."""
     try:
         text = raw if isinstance(raw, str) else bytes(raw).decode("utf-8")
-        value = _decode(text)
-    except RecursionError:
-        raise JsonError(f"nested more than {MAX_DEPTH} levels deep") from None
-    except (UnicodeDecodeError, ValueError) as exc:
+    except UnicodeDecodeError as exc:
         raise JsonError(f"invalid JSON: {exc}") from exc
-    # Depth needs a walk only if the text has more than MAX_DEPTH brackets at all.
-    if text.count("[") + text.count("{") > MAX_DEPTH:
-        check_depth(value)
+    # Depth needs a look only if the text has more than MAX_DEPTH brackets at all.
+    many = text.count("[") + text.count("{") > MAX_DEPTH
+    if many:
+        problem = _too_deep(text)
+        if problem is not None:
+            raise JsonError(problem)
+    try:
+        value = _decode(text)
+    except RecursionError:  # only from a stack already deep when called
+        raise JsonError(f"nested more than {MAX_DEPTH} levels deep") from None
+    except ValueError as exc:
+        raise JsonError(f"invalid JSON: {exc}") from exc
+    if many:
+        check_depth(value)  # the exact depth: up to 2 * MAX_DEPTH got past _too_deep
     return value
 
 

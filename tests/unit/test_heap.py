@@ -85,6 +85,38 @@ def test_pauses_are_timed_by_generation() -> None:
     assert pauses.buckets[2][GC_PAUSE_BUCKETS_S.index(1.0)] == 1
 
 
+def test_a_pass_that_cannot_be_timed_is_counted_not_raised() -> None:
+    """A collection at the recursion limit: the callback raises nothing, and a "stop"
+    whose "start" went untimed is not taken as a pause from an older start."""
+    now, fail = [0.0], [""]
+
+    def clock() -> float:
+        if fail[0]:
+            raise RecursionError(f"maximum recursion depth exceeded {fail[0]}")
+        return now[0]
+
+    pauses = GcPauses(clock=clock)
+    done = {"generation": 0, "collected": 0, "uncollectable": 0}
+    pauses("start", {"generation": 0})
+    now[0] += 0.001
+    pauses("stop", done)
+    fail[0] = "at the start"
+    pauses("start", {"generation": 0})
+    fail[0] = ""
+    now[0] += 100.0
+    pauses("stop", done)  # its start was not timed: no pause of 100 s
+    fail[0] = "at the stop"
+    pauses("start", {"generation": 0})
+    pauses("stop", done)
+    fail[0] = ""
+    assert pauses.passes(0) == 1 and pauses.untimed == 2
+    assert pauses.longest_s[0] == pytest.approx(0.001)
+    pauses("start", {"generation": 2})
+    now[0] += 0.25
+    pauses("stop", {**done, "generation": 2})
+    assert pauses.passes(2) == 1 and pauses.longest_s[2] == pytest.approx(0.25)
+
+
 def test_every_process_exports_its_real_collector_passes() -> None:
     registry = CollectorRegistry()
     register_build_info(registry, "gateway")
