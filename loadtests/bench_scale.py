@@ -14,7 +14,11 @@ heartbeats, as real ones do). Once all N are up and a settling pause has passed:
   part of it (dispatch_ms + merge_ms of each answer, as in bench_latency): what the gateway
   itself adds, apart from the N servers' processes sharing the machine's cores;
 - full GCs: the gateway's full garbage-collector passes while those queries ran and their
-  summed pause (its `tailgate_gc_pause_seconds{generation="2"}`).
+  summed pause (its `tailgate_gc_pause_seconds{generation="2"}`);
+- CPU a query: the gateway's CPU (user + system, /proc) over those queries, per query, and
+  the server processes' likewise: whether the gateway's own work grows with N, or what it
+  shares the cores with does; and the gateway's read(2) and write(2) calls per task: as N
+  grows at one load, fewer tasks share a link's frame, up to one frame each way a task.
 
 On one small machine the server processes share the cores with the gateway; what the
 gateway spends is its own (/proc), its latencies are those of the whole machine.
@@ -41,7 +45,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from loadtests.bench_http import Gateway
-from loadtests.procs import cpu_seconds
+from loadtests.procs import cpu_seconds, io_syscalls
 
 
 def rss_mib(pid: int) -> float:
@@ -72,6 +76,15 @@ class Row:
     """Full garbage-collector passes of the gateway while the measured queries ran."""
     full_gc_ms: float
     """Their total pause (tailgate_gc_pause_seconds{generation="2"})."""
+    gateway_us: float
+    """The gateway's CPU (user + system) per measured query, µs."""
+    servers_us: float
+    """The server processes' CPU per measured query, µs: with the gateway on few cores,
+    what they take is what its latencies wait behind."""
+    reads: float
+    """The gateway's read(2) calls per task of the measured queries (HTTP's included)."""
+    writes: float
+    """Its write(2) calls per task: one a task when no two tasks share a link's frame."""
 
 
 async def _timed_get(http: aiohttp.ClientSession, url: str, repeats: int) -> float:
@@ -144,13 +157,21 @@ async def measure(n: int, args: argparse.Namespace) -> Row:
             page = await _timed_get(http, gw.url + "/v1/servers?limit=100", 5)
             await _queries(http, gw.url, fanout, min(args.queries // 5, 50), args.clients)
             gcs0, gc_ms0 = await _full_gcs(http, gw.url)
+            fleet = [p.pid for p in gw.fleet]
+            cpu0, fleet0 = cpu_seconds(pid), sum(map(cpu_seconds, fleet))
+            io0 = io_syscalls(pid)
             answers = await _queries(http, gw.url, fanout, args.queries, args.clients)
+            cpu1, fleet1 = cpu_seconds(pid), sum(map(cpu_seconds, fleet))
+            io1 = io_syscalls(pid)
             gcs1, gc_ms1 = await _full_gcs(http, gw.url)
+    tasks = max(len(answers) * fanout, 1)
     lat = sorted(a for a, _ in answers)
     added = sorted(b for _, b in answers)
     return Row(
         n, rss, idle, whole, page, fanout, *_p50_p99(lat), *_p50_p99(added),
         gcs1 - gcs0, gc_ms1 - gc_ms0,
+        (cpu1 - cpu0) * 1e6 / max(len(answers), 1), (fleet1 - fleet0) * 1e6 / max(len(answers), 1),
+        (io1[0] - io0[0]) / tasks, (io1[1] - io0[1]) / tasks,
     )  # fmt: skip
 
 
@@ -170,11 +191,13 @@ async def main_async(args: argparse.Namespace) -> None:
     )
     print(
         "servers   gateway RSS   per server   idle CPU   per server   GET /v1/servers"
-        "        fanout   latency_ms          gateway-added µs    full GCs"
+        "        fanout   latency_ms          gateway-added µs    full GCs   CPU µs a query"
+        "      socket calls a task"
     )
     print(
         "              MiB          KiB      % core     % core       all / page of 100 ms"
-        "            p50 /    p99          p50 /    p99"
+        "            p50 /    p99          p50 /    p99                gateway / servers"
+        "     reads / writes"
     )
     first: Row | None = None
     for n in args.servers:
@@ -188,7 +211,9 @@ async def main_async(args: argparse.Namespace) -> None:
             f"{row.list_ms:>8.1f} / {row.page_ms:>5.1f}      {row.fanout:>6}   "
             f"{row.p50_ms:>6.1f} / {row.p99_ms:>6.1f}     "
             f"{row.added_p50_us:>6.0f} / {row.added_p99_us:>6.0f}   "
-            f"{row.full_gcs:>3} / {row.full_gc_ms:>5.0f}",
+            f"{row.full_gcs:>3} / {row.full_gc_ms:>5.0f}   "
+            f"{row.gateway_us:>7,.0f} / {row.servers_us:>7,.0f}   "
+            f"{row.reads:>7.2f} / {row.writes:>6.2f}",
             flush=True,
         )
 
