@@ -12,8 +12,9 @@ log-spaced grid: a bisection over coarse points finds the cell where sum_i log F
 log(p/100), a second over that cell's fine points pins it down. Each step sums one point's
 log F over the query's rows (a row of the point-major matrices: the rows' values lie within a
 few KB), so a query reads ~12 such sums whatever the fanout, and does no per-server Python
-work beyond one dict lookup each (gateway/_hotpath.c runs the bisection; `_search`,
-`_crossing` and `_probe` below are its twins).
+work: its ids are mapped to rows by a C table mirroring the book's dict (`SlotIndex`), and
+gateway/_hotpath.c runs the bisection (`_search`, `_crossing` and `_probe` below are its
+twins; the dict and itemgetter are the table's).
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ SUM_LANES = 8
 """A sum over a query's rows runs in this many lanes (gateway/_hotpath.c's lane_sum): lane j
 adds the rows at positions j, j + 8, ... in their order, then ((l0 + l1) + (l2 + l3)) +
 ((l4 + l5) + (l6 + l7)). Eight independent chains of adds, not one chain waiting on each
-add's latency: ~3x faster in C at k = 1000; any fixed order is as exact as another."""
+add's latency; any fixed order is as exact as another."""
 
 
 def _sum_at(matrix: np.ndarray, rows: np.ndarray, point: int) -> float:
