@@ -113,6 +113,14 @@ class Gateway:
         self.url = ""
 
     async def __aenter__(self) -> Gateway:
+        try:
+            await self._start()
+        except BaseException:  # a server that never came up, a cancel: stop what started
+            await self.__aexit__()
+            raise
+        return self
+
+    async def _start(self) -> None:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         # History in memory: nothing is left behind in the working directory.
         argv = [*tailgate_argv(log_level="ERROR"), "gateway", "--port", "0", "--storage-url", ""]
@@ -137,7 +145,6 @@ class Gateway:
             )
             left -= count
         await self._wait_up(self.up_timeout_s)
-        return self
 
     async def _wait_up(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -176,6 +183,15 @@ class Gateway:
             except TimeoutError:
                 p.kill()
                 await p.wait()
+
+
+def stop_on_sigterm() -> None:
+    """SIGTERM cancels the running task, as Ctrl-C does, so a benchmark killed that way
+    leaves through its `async with Gateway` and stops the processes it started (by
+    default SIGTERM ends Python at once, and they would be left running)."""
+    task = asyncio.current_task()
+    assert task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
 
 
 @contextlib.asynccontextmanager
@@ -315,6 +331,7 @@ async def sweep(
 
 
 async def main_async(args: argparse.Namespace) -> None:
+    stop_on_sigterm()
     print(
         f"gateway + {args.servers} emulated task servers (zero service time, "
         f"{args.per_process} a process); load from this process over HTTP"

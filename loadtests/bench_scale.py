@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from loadtests.bench_http import Gateway
+from loadtests.bench_http import Gateway, stop_on_sigterm
 from loadtests.procs import cpu_seconds, io_syscalls
 
 
@@ -183,6 +183,7 @@ def _p50_p99(xs: list[float]) -> tuple[float, float]:
 
 
 async def main_async(args: argparse.Namespace) -> None:
+    stop_on_sigterm()
     spread = f"in {args.processes} processes" if args.processes else f"{args.per_process} a process"
     print(
         f"one gateway, N emulated task servers ({spread}, zero service "

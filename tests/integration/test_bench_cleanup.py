@@ -1,0 +1,94 @@
+"""A benchmark that starts a gateway and task servers stops them when it is stopped:
+by SIGTERM in the middle of its run, or when its servers never come up."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+
+pytestmark = pytest.mark.integration
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (/proc)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            out.append(int(entry.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.timeout(120)
+def test_sigterm_stops_a_scale_benchmark_and_every_process_it_started(tmp_path: Path) -> None:
+    argv = ["--servers", "4", "--per-process", "2", "--queries", "1000000", "--idle-s", "0.5",
+            "--settle-s", "0.5"]  # fmt: skip
+    bench = subprocess.Popen(
+        [sys.executable, "-m", "loadtests.bench_scale", *argv],
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO_ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    started: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(started) < 3 and time.monotonic() < deadline:  # a gateway, 2 server processes
+            started = _children(bench.pid)
+            time.sleep(0.2)
+        assert len(started) == 3, started
+        time.sleep(3)  # into its queries (a million: it would run for many minutes)
+        assert bench.poll() is None
+        bench.send_signal(signal.SIGTERM)
+        bench.wait(30)
+        left = [pid for pid in started if _alive(pid)]
+        assert left == [], f"still running after the benchmark stopped: {left}"
+    finally:  # what a failure left behind: reparented once the benchmark is gone
+        for pid in {*started, *_children(bench.pid)}:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        if bench.poll() is None:
+            bench.kill()
+        bench.communicate()
+
+
+@pytest.mark.timeout(60)
+async def test_servers_that_do_not_come_up_in_time_are_stopped_with_the_gateway() -> None:
+    from loadtests.bench_http import Gateway
+
+    gw = Gateway(servers=4, per_process=2, up_timeout_s=0.0)  # no time to come up at all
+    try:
+        with pytest.raises(RuntimeError, match="task servers came up"):
+            async with gw:
+                pytest.fail("up with no time to come up")
+        started = [p.pid for p in gw.fleet] + ([gw.proc.pid] if gw.proc is not None else [])
+        assert len(started) == 3
+        assert all(p.returncode is not None for p in [*gw.fleet, gw.proc] if p is not None)
+        assert [pid for pid in started if _alive(pid)] == []
+    finally:  # what a failure left behind
+        for p in [*gw.fleet, gw.proc]:
+            if p is not None and p.returncode is None:
+                p.kill()
+                await p.wait()
