@@ -38,23 +38,24 @@ _STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
 _NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 
 
-def _too_deep(text: str, limit: int = MAX_DEPTH) -> str | None:
+def _too_deep(text: str, limit: int = MAX_DEPTH) -> tuple[str | None, int]:
     """Why `text` cannot be parsed within `limit` levels, read from its brackets alone
-    (outside its strings), or None: it may be parsed, nesting at most 2 * limit levels.
+    (outside its strings), or None; and the passes that took.
 
     Each pass removes every adjacent pair ``[]`` and ``{}``, so it takes at least one level
     off the deepest chain, and at most two (a ``{}`` freed by removing ``[]`` pairs goes in
-    the same pass): brackets left after `limit` passes nest more than `limit` deep, and a
-    pass that removes nothing leaves brackets that never pair up (not JSON)."""
+    the same pass): brackets left after `limit` passes nest more than `limit` deep, a pass
+    that removes nothing leaves brackets that never pair up (not JSON), and a text read in
+    p passes nests at most 2p levels."""
     brackets = _NOT_BRACKET.sub("", _STRING.sub("", text))
-    for _ in range(limit):
+    for passes in range(limit):
         if not brackets:
-            return None
+            return None, passes
         shorter = brackets.replace("[]", "").replace("{}", "")
         if len(shorter) == len(brackets):
-            return "invalid JSON: its brackets do not pair up"
+            return "invalid JSON: its brackets do not pair up", passes
         brackets = shorter
-    return None if not brackets else f"nested more than {limit} levels deep"
+    return (None if not brackets else f"nested more than {limit} levels deep"), limit
 
 
 def loads(raw: bytes | bytearray | memoryview | str) -> Any:
@@ -64,9 +65,9 @@ def loads(raw: bytes | bytearray | memoryview | str) -> Any:
     except UnicodeDecodeError as exc:
         raise JsonError(f"invalid JSON: {exc}") from exc
     # Depth needs a look only if the text has more than MAX_DEPTH brackets at all.
-    many = text.count("[") + text.count("{") > MAX_DEPTH
-    if many:
-        problem = _too_deep(text)
+    passes = 0
+    if text.count("[") + text.count("{") > MAX_DEPTH:
+        problem, passes = _too_deep(text)
         if problem is not None:
             raise JsonError(problem)
     try:
@@ -75,8 +76,8 @@ def loads(raw: bytes | bytearray | memoryview | str) -> Any:
         raise JsonError(f"nested more than {MAX_DEPTH} levels deep") from None
     except ValueError as exc:
         raise JsonError(f"invalid JSON: {exc}") from exc
-    if many:
-        check_depth(value)  # the exact depth: up to 2 * MAX_DEPTH got past _too_deep
+    if 2 * passes > MAX_DEPTH:
+        check_depth(value)  # the exact depth: the passes bound it by 2 * passes only
     return value
 
 
