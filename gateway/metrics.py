@@ -17,8 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from admission import MissRatioWindow
-from gateway.server_windows import ServerMissRatios, server_window
+from gateway.server_windows import SERVER_WINDOW_S, ServerMissRatios
 from gateway.waits import backlog_wait
 from taskserver.metrics import LiteHistogram, register_build_info
 
@@ -493,11 +492,11 @@ class GatewayMetrics:
     def bind_service(
         self,
         view: GatewayView,
-        make_window: Callable[[], MissRatioWindow] = server_window,
+        window_s: float = SERVER_WINDOW_S,
         max_age_s: float | None = None,
     ) -> None:
         """Export per-server, per-pool and autoscaler figures read from the service at scrape."""
-        self.server_windows = ServerMissRatios(make_window, max_age_s)
+        self.server_windows = ServerMissRatios(window_s, max_age_s)
         self.registry.register(_GatewayCollector(self, view))
 
 

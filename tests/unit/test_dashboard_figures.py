@@ -3,13 +3,14 @@ agents per cluster, the executor a server names, and the files the gateway serve
 
 from __future__ import annotations
 
+import asyncio
 import re
 from types import SimpleNamespace
 from typing import Any
 
 from gateway.config import GatewayConfig
 from gateway.dashboard import STATIC_FILES, static_file
-from gateway.history import Figures, HistorySampler, read_figures
+from gateway.history import Figures, HistorySampler, read_figures, read_figures_spread
 from gateway.links import ServerLink
 from gateway.metrics import UNNAMED_MODULE, dropped_module
 from gateway.queries import QueryOutcome
@@ -134,6 +135,41 @@ def test_read_figures_tells_pipeline_servers_and_edge_agents_by_their_executor()
     assert p99 == service.book.cdf_of("pi-1").quantile(0.99)
     assert 0.0 <= silent < 60.0
     assert f.edge["edge"][0] is None  # pi-3 has no CDF in the book
+
+
+async def test_the_spread_pass_reads_what_one_pass_reads_and_lets_the_loop_run() -> None:
+    service = GatewayService(GatewayConfig(storage_url=""))
+    kinds = ["emulated", "pipeline", "sensing", None]
+    for i in range(23):
+        _link(service, f"s{i:02d}", kinds[i % 4], pool=f"p{i % 3}", cluster=f"c{i % 2}")
+        service.server_windows.tasks(f"s{i:02d}", f"p{i % 3}", i + 1, i % 3)
+    service.book.add_server("s02", [float(i) for i in range(1, 101)])
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    ticker = asyncio.get_running_loop().create_task(tick())
+    await asyncio.sleep(0)
+    before = ticks
+    spread = await read_figures_spread(service, slice_size=5)
+    between = ticks - before
+    ticker.cancel()
+    whole = read_figures(service)
+    # Five slices, four pauses: the other task ran in each.
+    assert between >= 4
+    # Latencies were drained by the first read; silences grow with the clock; everything
+    # else is the same.
+    for name in Figures.__slots__:
+        if name not in ("latencies_ms", "edge"):
+            assert getattr(spread, name) == getattr(whole, name), name
+    assert {c: p99 for c, (p99, _) in spread.edge.items()} == {
+        c: p99 for c, (p99, _) in whole.edge.items()
+    }
+    assert sum(whole.servers.values()) == 23 and len(whole.goodput) == 6
 
 
 def test_a_server_that_names_no_executor_keeps_the_last_one_named() -> None:

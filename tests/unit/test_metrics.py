@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from admission import MissRatioWindow
 from gateway.cdf import CdfBook
 from gateway.config import GatewayConfig
 from gateway.links import ServerLink
@@ -71,11 +70,11 @@ def make_view(clock: list[float], **changes: Any) -> SimpleNamespace:
 
 
 def make_metrics(
-    view: SimpleNamespace, *, window_tasks: int = 4, max_age_s: float | None = None
+    view: SimpleNamespace, *, window_s: float = 10.0, max_age_s: float | None = None
 ) -> tuple[GatewayMetrics, CollectorRegistry]:
     registry = CollectorRegistry()
     metrics = GatewayMetrics(registry)
-    metrics.bind_service(view, lambda: MissRatioWindow(window_tasks=window_tasks), max_age_s)
+    metrics.bind_service(view, window_s, max_age_s)
     return metrics, registry
 
 
@@ -93,18 +92,19 @@ def test_per_server_counters_and_windowed_ratios_move_with_tasks() -> None:
     assert value("tailgate_server_task_deadline_misses_total", labels) == 1.0
     assert value("tailgate_server_task_miss_ratio", labels) == 0.25
     assert value("tailgate_pool_task_miss_ratio", {"pool": "default"}) == 0.25
-    # The window holds the last 4 tasks: four more on time push the miss out.
+    # The window holds the last 10 s: the miss leaves it, four more on time come in.
+    clock[0] = 20.0
     for _ in range(4):
         metrics.server_windows.task("ts-1", "default", False)
-    clock[0] = 11.0
+    clock[0] = 21.0
     assert value("tailgate_server_tasks_total", labels) == 8.0
     assert value("tailgate_server_task_deadline_misses_total", labels) == 1.0
     assert value("tailgate_server_task_miss_ratio", labels) == 0.0
 
 
-def test_a_count_window_with_no_new_task_is_forgotten_after_max_age() -> None:
+def test_a_window_with_no_new_task_is_forgotten_after_max_age() -> None:
     clock = [0.0]
-    metrics, registry = make_metrics(make_view(clock), max_age_s=5.0)
+    metrics, registry = make_metrics(make_view(clock), window_s=60.0, max_age_s=5.0)
     metrics.server_windows.task("ts-1", "default", True)
     assert registry.get_sample_value("tailgate_pool_task_miss_ratio", {"pool": "default"}) == 1.0
     clock[0] = 6.0
@@ -132,10 +132,9 @@ def test_server_windows_keep_the_last_minute_and_forget_a_removed_server() -> No
         clock[0] = float(i)
         windows.task("ts-1", "default", missed=i % 10 == 0)
         windows.update(clock[0])
-    # Memory per server stays one chunk per update of the last minute (white box: the
-    # chunk deque is what grew without bound under a 100,000-task count window).
-    window = windows._windows[("server", "ts-1", "default")]
-    assert len(window._overall.chunks) == SERVER_WINDOW_S == 60
+    # Memory stays one column per update of the last minute (white box: per-server chunks
+    # grew without bound under a 100,000-task count window).
+    assert len(windows._columns) == SERVER_WINDOW_S == 60
     # The ratio covers that minute (9940..9999: six misses in 60), not the three hours.
     assert value("tailgate_server_task_miss_ratio", labels) == 0.1
     assert value("tailgate_pool_task_miss_ratio", {"pool": "default"}) == 0.1
@@ -143,7 +142,7 @@ def test_server_windows_keep_the_last_minute_and_forget_a_removed_server() -> No
     windows.task("ts-1", "default", missed=True)
     view.links.clear()
     windows.forget("ts-1", clock[0])
-    assert [k for k in windows._windows if k[0] == "server"] == []
+    assert windows._row_of == {} and windows.counts == {}
     for name in (
         "tailgate_server_tasks_total",
         "tailgate_server_task_deadline_misses_total",
