@@ -12,7 +12,6 @@ from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from gateway import dashboard
@@ -364,7 +363,7 @@ async def metrics(request: web.Request) -> web.Response:
     """GET /metrics in the Prometheus text format."""
     service = request.app[SERVICE_KEY]
     return web.Response(
-        body=generate_latest(service.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        body=await service.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST}
     )
 
 

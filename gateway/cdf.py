@@ -345,6 +345,26 @@ class LatencyCdf:
             return self.min_ms
         return float(np.interp(level, self._neg_log_sf, self._knots_ms))
 
+    def quantiles(self, qs: Sequence[float]) -> list[float]:
+        """`quantile` of each level, those inside the body in one interpolation (a scrape
+        reads four of every server's: gateway.server_series)."""
+        out = [0.0] * len(qs)
+        at: list[int] = []
+        levels: list[float] = []
+        first, last = float(self._neg_log_sf[0]), float(self._neg_log_sf[-1])
+        for i, q in enumerate(qs):
+            level = -math.log1p(-q) if 0.0 <= q < 1.0 else math.nan
+            if first < level <= last:
+                at.append(i)
+                levels.append(level)
+            else:
+                out[i] = self.quantile(q)  # the ends, the tail, and the refusals
+        if levels:
+            values = np.interp(levels, self._neg_log_sf, self._knots_ms).tolist()
+            for i, value in zip(at, values, strict=True):
+                out[i] = value
+        return out
+
     def mean_ms(self) -> float:
         """Mean post-queuing time under this snapshot (body plus tail)."""
         return self._mean_ms

@@ -10,15 +10,14 @@ from __future__ import annotations
 import re
 from collections import deque
 from collections.abc import Callable, Iterable
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gateway.server_series import MetricSink, ServerSeries, server_text
 from gateway.server_windows import SERVER_WINDOW_S, ServerMissRatios
-from gateway.waits import backlog_wait
 from taskserver.metrics import LiteHistogram, register_build_info
 
 if TYPE_CHECKING:
@@ -48,8 +47,6 @@ _ERROR_BOUNDS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0
 WAIT_ERROR_BUCKETS_S = (*(-b for b in reversed(_ERROR_BOUNDS_S)), 0.0, *_ERROR_BOUNDS_S)
 """Actual minus estimated queue wait: symmetric around 0, from 0.1 ms to 10 s either way."""
 
-POST_QUEUING_QUANTILES = (0.5, 0.9, 0.99, 0.999)
-"""Quantiles of each server's post-queuing CDF exported at scrape time."""
 RECENT_LATENCIES = 50_000
 """Answered-query latencies kept per class between two history samples."""
 UNNAMED_MODULE = "(unnamed)"
@@ -170,28 +167,21 @@ class _GatewayCollector(Collector):
     def __init__(self, metrics: GatewayMetrics, view: GatewayView) -> None:
         self._m = metrics
         self._view = view
+        self.per_server = True
+        """Collect the per-server families too (GET /metrics renders them itself:
+        gateway.server_series)."""
 
     def collect(self) -> Iterable[Metric]:
         view, m = self._view, self._m
         now = view.clock()
         windows = m.server_windows
         windows.update(now)
-        per_server = sorted(windows.counts.items())
-        tasks = CounterMetricFamily(
-            "tailgate_server_tasks",
-            "Tasks that ran on a server (status ok): the denominator of its miss ratio.",
-            labels=["server", "pool"],
-        )
-        misses = CounterMetricFamily(
-            "tailgate_server_task_deadline_misses",
-            "Tasks a server dequeued after their deadline t_D.",
-            labels=["server", "pool"],
-        )
-        for (server, pool), (n, missed) in per_server:
-            tasks.add_metric([server, pool], n)
-            misses.add_metric([server, pool], missed)
-        yield tasks
-        yield misses
+        if self.per_server:
+            sink = MetricSink()
+            series = ServerSeries(view, windows, now, sink.emit)
+            series.take_counts(sorted(windows.counts.items()))
+            series.take_links(sorted(view.links.values(), key=lambda lk: lk.server_id))
+            yield from sink.families
         pool_ratio = GaugeMetricFamily(
             "tailgate_pool_task_miss_ratio",
             "Task deadline-miss ratio of a pool over the last minute.",
@@ -200,46 +190,6 @@ class _GatewayCollector(Collector):
         for pool in windows.pools():
             pool_ratio.add_metric([pool], windows.pool_ratio(pool, now))
         yield pool_ratio
-        links = sorted(view.links.values(), key=lambda lk: lk.server_id)
-        server_ratio = GaugeMetricFamily(
-            "tailgate_server_task_miss_ratio",
-            "Task deadline-miss ratio of a server over the last minute.",
-            labels=["server", "pool"],
-        )
-        depth = GaugeMetricFamily(
-            "tailgate_server_queue_depth",
-            "Tasks outstanding for a server as the gateway sees them: in flight plus "
-            "waiting in the gateway's central queue.",
-            labels=["server", "pool"],
-        )
-        post_queuing = GaugeMetricFamily(
-            "tailgate_server_post_queuing_seconds",
-            "Quantiles of a server's post-queuing time CDF in the CDF book.",
-            # "q", not "quantile": that label is reserved for summaries (promtool).
-            labels=["server", "q"],
-        )
-        est_wait = GaugeMetricFamily(
-            "tailgate_server_estimated_wait_seconds",
-            "Estimated mean queue wait of a task joining at the back of a server's queue now "
-            "(QLM's estimator on the server's post-queuing times).",
-            labels=["server", "pool"],
-        )
-        book = view.book
-        for lk in links:
-            server_ratio.add_metric(
-                [lk.server_id, lk.pool], windows.server_ratio(lk.server_id, lk.pool, now)
-            )
-            depth.add_metric([lk.server_id, lk.pool], len(lk.outstanding))
-            if book.has_server(lk.server_id):
-                cdf = book.cdf_of(lk.server_id)
-                for q in POST_QUEUING_QUANTILES:
-                    post_queuing.add_metric([lk.server_id, f"{q:g}"], cdf.quantile(q) / 1000.0)
-                wait = backlog_wait(lk, partial(book.moments, lk.server_id))
-                est_wait.add_metric([lk.server_id, lk.pool], wait.mean_ms / 1000.0)
-        yield server_ratio
-        yield depth
-        yield post_queuing
-        yield est_wait
         yield from _group_metrics(view.groups_view())
         yield from _tenant_metrics(view.tenants_view())
         deferred = CounterMetricFamily(
@@ -380,6 +330,7 @@ class GatewayMetrics:
         """Queries dispatched and not yet answered (tailgate_queries_inflight)."""
         self.server_windows = ServerMissRatios()
         """Per-server and per-pool task counts and windows."""
+        self._collector: _GatewayCollector | None = None
         # labels() validates and locks on every call: the query path's children, found once.
         self._query_children: dict[tuple[str, str], Any] = {}
         self._unloaded_children: dict[tuple[str, int], Any] = {}
@@ -497,7 +448,22 @@ class GatewayMetrics:
     ) -> None:
         """Export per-server, per-pool and autoscaler figures read from the service at scrape."""
         self.server_windows = ServerMissRatios(window_s, max_age_s)
-        self.registry.register(_GatewayCollector(self, view))
+        self._collector = _GatewayCollector(self, view)
+        self.registry.register(self._collector)
+
+    async def exposition(self) -> bytes:
+        """GET /metrics: the registry in the text format, the per-server families rendered
+        a slice of servers at a time with the event loop run between slices."""
+        collector = self._collector
+        if collector is None:
+            return generate_latest(self.registry)
+        collector.per_server = False
+        try:
+            head = generate_latest(self.registry)
+        finally:
+            collector.per_server = True
+        view = collector._view
+        return head + (await server_text(view, self.server_windows)).encode()
 
 
 def _tenant_metrics(tenants: dict[str, Any]) -> Iterable[Metric]:

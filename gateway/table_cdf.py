@@ -13,6 +13,7 @@ shape beyond the largest sample of a window that still holds the prior.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -123,6 +124,10 @@ class TableCdf:
         if q == 1.0:
             return math.inf if self.tail is not None else self.max_ms
         return self.isf(1.0 - q)
+
+    def quantiles(self, qs: Sequence[float]) -> list[float]:
+        """`quantile` of each level (as LatencyCdf.quantiles)."""
+        return [self.quantile(q) for q in qs]
 
     def mean_ms(self) -> float:
         """The law's mean (what an exact sampler of the table averages)."""

@@ -64,6 +64,18 @@ def test_cdf_is_monotone_in_unit_interval_and_inverts_quantile() -> None:
         assert float(cdf.cdf(cdf.quantile(q))) == pytest.approx(q, rel=1e-9)
 
 
+@pytest.mark.parametrize("n", [1, 3, 200, 4096])
+def test_quantiles_are_quantile_level_by_level(n: int) -> None:
+    rng = np.random.default_rng(n)
+    for _ in range(20):
+        cdf = LatencyCdf.from_samples(rng.lognormal(0.0, rng.uniform(0.1, 1.5), n))
+        qs = [0.0, 1e-9, *rng.uniform(0.0, 1.0, 8).tolist(), 0.5, 0.99, 0.999, 1 - 1e-7, 1.0]
+        assert cdf.quantiles(qs) == [cdf.quantile(q) for q in qs]
+    for bad in (-0.1, 1.5, math.nan):
+        with pytest.raises(ValueError, match="q must be in"):
+            cdf.quantiles([0.5, bad])
+
+
 def test_log_cdf_stays_finite_and_accurate_near_one() -> None:
     cdf = LatencyCdf.from_samples(exp_quantiles_ms(2.0))
     x = cdf.quantile(1 - 1e-12)

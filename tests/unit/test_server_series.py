@@ -1,0 +1,105 @@
+"""GET /metrics renders the per-server families itself, in slices: the same text as
+prometheus_client's, and the event loop runs between slices."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from types import SimpleNamespace
+
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.config import GatewayConfig
+from gateway.links import ServerLink
+from gateway.server_series import SERVER_FAMILIES, server_text
+from gateway.service import GatewayService
+
+
+def _service(n: int) -> GatewayService:
+    service = GatewayService(GatewayConfig(storage_url=""))
+    for i in range(n):
+        # One id the text format must escape: a quote, a backslash, a newline.
+        sid = f"s{i:03d}" if i != 3 else 'odd"id\\with\nnewline'
+        link = ServerLink(
+            sid,
+            "127.0.0.1",
+            9,
+            on_result=lambda *a: None,
+            on_failure=lambda *a: None,
+            clock=service.clock,
+            pool=f"p{i % 3}",
+        )
+        link._on_status(
+            SimpleNamespace(executor="emulated", policy=None, draining=False, owner=None)
+        )
+        service.links[sid] = link
+        if i % 4:
+            service.book.add_server(sid, [float(j * (i + 1)) for j in range(1, 101)])
+        if i % 5:
+            service.server_windows.tasks(sid, f"p{i % 3}", 3 * i + 1, i % 4)
+    return service
+
+
+def _families(text: str) -> dict[str, str]:
+    """Family name -> its block of lines (HELP, TYPE, samples)."""
+    blocks = re.split(r"(?m)^(?=# HELP )", text)
+    return {b.split()[2]: b for b in blocks if b.startswith("# HELP ")}
+
+
+async def test_the_sliced_text_is_what_prometheus_client_writes() -> None:
+    service = _service(37)
+    whole = _families(generate_latest(service.registry).decode())
+    sliced_text = (await service.metrics.exposition()).decode()
+    sliced = _families(sliced_text)
+    assert sliced.keys() == whole.keys()
+    names = {f"{name}_total" if kind == "counter" else name for name, kind, _, _ in SERVER_FAMILIES}
+    assert names <= sliced.keys()
+    # The per-server families to the byte (the others move between reads: GC pauses).
+    for name in names | {"tailgate_pool_task_miss_ratio"}:
+        assert sliced[name] == whole[name], name
+    # Every server shows (the escaped one too), and the text parses.
+    ratio = sliced["tailgate_server_task_miss_ratio"]
+    assert ratio.count("\n") == 37 + 2
+    assert r'server="odd\"id\\with\nnewline"' in ratio
+    parsed = {f.name for f in text_string_to_metric_families(sliced_text)}
+    assert "tailgate_server_post_queuing_seconds" in parsed
+    # Each family once: the registry's collector left them to the sliced part.
+    assert sliced_text.count("# TYPE tailgate_server_queue_depth gauge") == 1
+
+
+async def test_the_loop_runs_between_slices() -> None:
+    service = _service(20)
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    ticker = asyncio.get_running_loop().create_task(tick())
+    await asyncio.sleep(0)
+    before = ticks
+    text = await server_text(service, service.server_windows, slice_size=4)
+    between = ticks - before
+    ticker.cancel()
+    # 16 counts in 4 slices and 20 servers in 5: a pause after each.
+    assert between >= 9
+    assert text.count("tailgate_server_queue_depth{") == 20
+
+
+async def test_a_scrape_while_servers_leave_still_renders_whole() -> None:
+    service = _service(30)
+
+    async def leave() -> None:
+        for sid in list(service.links)[:10]:
+            await asyncio.sleep(0)
+            del service.links[sid]
+            service.server_windows.forget(sid, service.clock())
+
+    leaving = asyncio.get_running_loop().create_task(leave())
+    text = await server_text(service, service.server_windows, slice_size=3)
+    await leaving
+    assert text.count("tailgate_server_queue_depth{") == 30  # those registered at its start
+    assert len(service.links) == 20
