@@ -3,7 +3,6 @@ agents per cluster, the executor a server names, and the files the gateway serve
 
 from __future__ import annotations
 
-import asyncio
 import re
 from types import SimpleNamespace
 from typing import Any
@@ -17,6 +16,7 @@ from gateway.queries import QueryOutcome
 from gateway.service import GatewayService
 from taskserver.pipeline.errors import PipelineDropped
 from taskserver.wire import TaskStatus
+from tests.unit.loop_ticks import turns_during
 from tests.unit.test_query_path import _query, _service, _started
 
 T0 = 1_767_225_600.0
@@ -144,20 +144,7 @@ async def test_the_spread_pass_reads_what_one_pass_reads_and_lets_the_loop_run()
         _link(service, f"s{i:02d}", kinds[i % 4], pool=f"p{i % 3}", cluster=f"c{i % 2}")
         service.server_windows.tasks(f"s{i:02d}", f"p{i % 3}", i + 1, i % 3)
     service.book.add_server("s02", [float(i) for i in range(1, 101)])
-    ticks = 0
-
-    async def tick() -> None:
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await asyncio.sleep(0)
-
-    ticker = asyncio.get_running_loop().create_task(tick())
-    await asyncio.sleep(0)
-    before = ticks
-    spread = await read_figures_spread(service, slice_size=5)
-    between = ticks - before
-    ticker.cancel()
+    spread, between = await turns_during(read_figures_spread(service, slice_size=5))
     whole = read_figures(service)
     # Five slices, four pauses: the other task ran in each.
     assert between >= 4

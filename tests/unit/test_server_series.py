@@ -14,6 +14,7 @@ from gateway.config import GatewayConfig
 from gateway.links import ServerLink
 from gateway.server_series import SERVER_FAMILIES, server_text
 from gateway.service import GatewayService
+from tests.unit.loop_ticks import turns_during
 
 
 def _service(n: int) -> GatewayService:
@@ -70,20 +71,7 @@ async def test_the_sliced_text_is_what_prometheus_client_writes() -> None:
 
 async def test_the_loop_runs_between_slices() -> None:
     service = _service(20)
-    ticks = 0
-
-    async def tick() -> None:
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await asyncio.sleep(0)
-
-    ticker = asyncio.get_running_loop().create_task(tick())
-    await asyncio.sleep(0)
-    before = ticks
-    text = await server_text(service, service.server_windows, slice_size=4)
-    between = ticks - before
-    ticker.cancel()
+    text, between = await turns_during(server_text(service, service.server_windows, slice_size=4))
     # 16 counts in 4 slices and 20 servers in 5: a pause after each.
     assert between >= 9
     assert text.count("tailgate_server_queue_depth{") == 20
