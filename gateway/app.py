@@ -33,7 +33,7 @@ from gateway.request_ids import caller_of, stamp_response
 from gateway.request_path import RequestPath
 from gateway.requests import parse_multi_query, parse_query, parse_register
 from gateway.retry_after import delta_seconds
-from gateway.server_listing import ServerQuery, list_servers
+from gateway.server_listing import ServerQuery, encode_listing, list_servers_spread
 from gateway.service import GatewayService
 from taskserver import jsonbody
 from taskserver.tls import http_server_tls
@@ -206,7 +206,8 @@ async def get_servers(request: web.Request) -> web.Response:
     """GET /v1/servers: filtered by pool, cluster and state, paged (gateway.server_listing)."""
     service = request.app[SERVICE_KEY]
     q = ServerQuery.parse(request.query)
-    return web.json_response(list_servers(service.links.values(), q, service.server_view))
+    body = await list_servers_spread(service.links.values(), q, service.server_view)
+    return web.Response(body=encode_listing(body), content_type="application/json", charset="utf-8")
 
 
 async def get_groups(request: web.Request) -> web.Response:

@@ -45,6 +45,11 @@ __all__ = ["ServerRegistry"]
 
 log = logging.getLogger(__name__)
 
+_VIEW_PERCENTILES = (50, 90, 99, 99.9)
+_VIEW_LEVELS = tuple(q / 100.0 for q in _VIEW_PERCENTILES)
+_VIEW_NAMES = tuple(f"p{q:g}" for q in _VIEW_PERCENTILES)
+"""The post-queuing quantiles a server's view shows."""
+
 
 def _cdf_group(pool: PoolConfig, cluster: str | None) -> str | None:
     """The CDF row a server of the pool shares (None: a row of its own)."""
@@ -304,8 +309,9 @@ class ServerRegistry:
         if link.owner is not None:
             view["owner"] = link.owner
         if cdf is not None:
+            values = cdf.quantiles(_VIEW_LEVELS)
             view["post_queue_ms"] = {
-                f"p{q:g}": round(cdf.quantile(q / 100.0), 4) for q in (50, 90, 99, 99.9)
+                name: round(v, 4) for name, v in zip(_VIEW_NAMES, values, strict=True)
             }
             # QLM §6: what a task joining at the back of its queue now would wait.
             wait = backlog_wait(link, partial(self.book.moments, link.server_id))

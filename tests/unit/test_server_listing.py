@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 from gateway.errors import BadRequest
-from gateway.server_listing import MAX_PAGE, ServerQuery, list_servers
+from gateway.server_listing import (
+    MAX_PAGE,
+    ServerQuery,
+    encode_listing,
+    list_servers,
+    list_servers_spread,
+)
+from tests.unit.loop_ticks import turns_during
 
 
 @dataclass
@@ -87,3 +95,27 @@ def test_a_bad_parameter_is_a_400_naming_it(query: dict[str, str], field: str) -
     with pytest.raises(BadRequest) as caught:
         ServerQuery.parse(query)
     assert caught.value.field == field
+
+
+@pytest.mark.parametrize(
+    "query",
+    [{}, {"pool": "default"}, {"limit": "2"}, {"limit": "2", "after": "s1"}, {"state": "down"}],
+)
+async def test_the_spread_listing_is_the_listing_and_lets_the_loop_run(
+    query: dict[str, str],
+) -> None:
+    links = _links() * 3  # 15 servers, 5 to a slice: the loop runs between them
+    whole = list_servers(links, ServerQuery.parse(query), _view)
+    spread, turns = await turns_during(
+        list_servers_spread(links, ServerQuery.parse(query), _view, slice_size=5)
+    )
+    assert spread == whole
+    assert turns >= (2 if query == {} else 0)
+
+
+def test_the_listing_encodes_as_the_standard_library_reads_it() -> None:
+    body = list_servers(_links(), ServerQuery.parse({"limit": "2"}), _view)
+    assert json.loads(encode_listing(body)) == body
+    # What orjson refuses still encodes (the standard library's way).
+    odd = {"servers": [{"id": "s\ud800"}]}
+    assert json.loads(encode_listing(odd)) == odd
