@@ -11,6 +11,7 @@ the snapshot below.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import math
 import time
@@ -44,6 +45,8 @@ CDF_LEVELS = (*(i / 50 for i in range(1, 50)), 0.99, 0.995, 0.999)
 """F levels at which each curve is given."""
 SERVER_ROWS = 200
 """Most servers the live snapshot lists."""
+WALK_SLICE = 1000
+"""Servers the snapshot walks before it lets the event loop run."""
 
 
 @functools.cache
@@ -65,8 +68,11 @@ def since_param(raw: str | None, default_s: float) -> float:
     return value
 
 
-def live_snapshot(service: GatewayView, wall: float) -> dict[str, Any]:
-    """Everything the dashboard shows that the history does not keep."""
+async def live_snapshot(service: GatewayView, wall: float) -> dict[str, Any]:
+    """Everything the dashboard shows that the history does not keep.
+
+    Its walk over every server (which CDF each one shares) goes a slice at a time with the
+    event loop run between slices: at 10,000 servers the snapshot held the loop ~40 ms."""
     config = service.config
     now = service.clock()
     windows = service.server_windows
@@ -84,7 +90,9 @@ def live_snapshot(service: GatewayView, wall: float) -> dict[str, Any]:
     ]
     # Servers that share a CDF (pool or cluster rows of the book) share one curve.
     curves: dict[int, dict[str, Any]] = {}
-    for lk in links:
+    for i, lk in enumerate(links):
+        if i and not i % WALK_SLICE:
+            await asyncio.sleep(0)
         if not book.has_server(lk.server_id):
             continue
         cdf = book.cdf_of(lk.server_id)
@@ -161,7 +169,7 @@ def routes(service_of: ServiceOf) -> list[tuple[str, str, Any]]:
 
     async def dashboard(request: web.Request) -> web.Response:
         """GET /v1/dashboard: the live snapshot."""
-        return web.json_response(live_snapshot(service_of(request), time.time()))
+        return web.json_response(await live_snapshot(service_of(request), time.time()))
 
     async def history(request: web.Request) -> web.Response:
         """GET /v1/history?since_s=3600: stored samples, oldest first."""

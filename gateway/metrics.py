@@ -7,6 +7,7 @@ autoscaler) is read at scrape time by `_GatewayCollector`.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -463,6 +464,7 @@ class GatewayMetrics:
         finally:
             collector.per_server = True
         view = collector._view
+        await asyncio.sleep(0)
         return head + (await server_text(view, self.server_windows)).encode()
 
 

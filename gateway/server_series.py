@@ -210,8 +210,13 @@ async def server_text(
     slice is taken (a server removed meanwhile still shows, as at the start)."""
     now = view.clock()
     windows.update(now)
-    counts = sorted(windows.counts.items())
-    links = sorted(view.links.values(), key=lambda lk: lk.server_id)
+    counts = list(windows.counts.items())
+    links = list(view.links.values())
+    await asyncio.sleep(0)
+    counts.sort()
+    await asyncio.sleep(0)
+    links.sort(key=lambda lk: lk.server_id)
+    await asyncio.sleep(0)
     sink = TextSink()
     series = ServerSeries(view, windows, now, sink.emit)
     for i in range(0, len(counts), slice_size):

@@ -84,7 +84,8 @@ def pass_runners(service: Any) -> dict[str, Callable[[], Awaitable[object]]]:
         return await exposition() if exposition else generate_latest(service.registry)
 
     async def dashboard() -> object:
-        return live_snapshot(service, time.time())
+        snapshot = live_snapshot(service, time.time())
+        return await snapshot if asyncio.iscoroutine(snapshot) else snapshot
 
     async def listing(query: dict[str, str]) -> object:
         q, links, view = ServerQuery.parse(query), service.links.values(), service.server_view
