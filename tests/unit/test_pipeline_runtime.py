@@ -256,11 +256,13 @@ async def test_a_doomed_request_is_dropped_at_the_first_module_not_the_last(exec
 
 
 async def test_the_reactive_ablation_drops_the_same_request_later(executors):
-    runners = {m: FakeRunner(delay_s=0.05) for m in "123"}  # each module runs its 50 ms
-    ex = executors(make_config(chain_modules(3), duration_ms=50.0, dropper="back"), runners)
+    # Each module runs its 200 ms: module 2 would drop it only after ~198 ms of scheduling
+    # delay (50 ms modules failed so under a loaded CI machine).
+    runners = {m: FakeRunner(delay_s=0.2) for m in "123"}
+    ex = executors(make_config(chain_modules(3), duration_ms=200.0, dropper="back"), runners)
     with pytest.raises(PipelineDropped) as caught:
-        await ex.execute(payload(image_seed=1, budget_ms=148))
-    assert caught.value.module_id == "3"  # PARD-back only sees L_pre + L_cur: 100 + 50 > 148
+        await ex.execute(payload(image_seed=1, budget_ms=598))
+    assert caught.value.module_id == "3"  # PARD-back only sees L_pre + L_cur: 400 + 200 > 598
     assert len(ex.batches("1")) == len(ex.batches("2")) == 1  # wasted compute
     snap = ex.snapshot()
     assert snap["invalid_rate"] == 1.0 and snap["outcomes"]["dropped"] == 1
