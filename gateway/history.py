@@ -78,7 +78,7 @@ EDGE_EXECUTOR = "sensing"
 MAX_SAMPLES = 2000
 """Most samples one read returns; longer ranges are thinned evenly."""
 PASS_SLICE = 500
-"""Servers a sample's pass reads before it lets the event loop run (~1.5 ms on the 2-core VM)."""
+"""Servers a sample's pass reads before it lets the event loop run."""
 
 metadata = MetaData()
 history_table = Table(

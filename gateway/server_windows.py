@@ -6,7 +6,7 @@ one *column*: the rows (servers) whose counts moved and by how much, stamped `no
 server's window is then the columns of the last `window_s` seconds, kept as running sums per
 row (numpy), so an update costs one vectorised pass over the counts however many servers
 there are, not a window object fed per server: at 10,000 busy servers the per-server windows
-(one `MissRatioWindow` each) took 100-220 ms of the event loop per update, stalling every
+(one `MissRatioWindow` each) took 76-219 ms of the event loop per update, stalling every
 query in flight.
 
 The windows are those of `admission.MissRatioWindow` with ``window_s`` (TailGuard §III.D's

@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import re
-from types import SimpleNamespace
 
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.config import GatewayConfig
-from gateway.links import ServerLink
 from gateway.server_series import SERVER_FAMILIES, server_text
 from gateway.service import GatewayService
 from tests.unit.loop_ticks import turns_during
+from tests.unit.test_dashboard_figures import _link
 
 
 def _service(n: int) -> GatewayService:
@@ -22,19 +21,7 @@ def _service(n: int) -> GatewayService:
     for i in range(n):
         # One id the text format must escape: a quote, a backslash, a newline.
         sid = f"s{i:03d}" if i != 3 else 'odd"id\\with\nnewline'
-        link = ServerLink(
-            sid,
-            "127.0.0.1",
-            9,
-            on_result=lambda *a: None,
-            on_failure=lambda *a: None,
-            clock=service.clock,
-            pool=f"p{i % 3}",
-        )
-        link._on_status(
-            SimpleNamespace(executor="emulated", policy=None, draining=False, owner=None)
-        )
-        service.links[sid] = link
+        _link(service, sid, "emulated", pool=f"p{i % 3}")
         if i % 4:
             service.book.add_server(sid, [float(j * (i + 1)) for j in range(1, 101)])
         if i % 5:
