@@ -52,6 +52,10 @@ COARSE_CELLS = 128
 FINE_STEPS = 32
 """Fine steps per coarse cell: a second bisection over steps + 1 points pins the answer; the
 fine spacing (~0.4% for a 15-e-fold span) bounds the error at the kinks of empirical CDFs."""
+SEEDED_PRIORS = 16
+"""Priors whose seeded window and snapshot the book keeps for the next server registered with
+the same prior object (a pool's, gateway.server_registry): more than a gateway has pools, few
+enough that a caller passing every server its own prior array holds little it cannot reuse."""
 _C_ROWS_MIN = 2
 """_rows_of: from this many ids on, the C index (when built) beats itemgetter."""
 
@@ -645,9 +649,12 @@ class CdfBook:
         """Slot -> rows holding its snapshot."""
         self._slot_by_snap: dict[int, int] = {}
         """id(snapshot) -> its slot (the snapshot is held in _snaps while mapped)."""
-        self._seeded: tuple[object, np.ndarray, int, LatencyCdf | TableCdf] | None = None
-        """The last prior a row started from: (it, its seeded window, the samples in the
-        window, the window's snapshot), for the next row of the same prior."""
+        self._seeded: dict[int, tuple[object, np.ndarray, int, LatencyCdf | TableCdf]] = {}
+        """id(prior) -> (the prior, its seeded window, the samples in the window, the
+        window's snapshot) for the last SEEDED_PRIORS priors rows started from, least
+        recently used first: the servers of several pools registering in turn each share
+        their pool's window and slot (one cached prior gave every row of two interleaved
+        pools a window and a slot of its own: ~49 KB a server at window 4096)."""
         self._free: list[int] = []
         self._capacity = 0
         # log F of every row on one shared log-spaced grid of COARSE_CELLS * FINE_STEPS + 1
@@ -914,11 +921,12 @@ class CdfBook:
             raise KeyError(f"unknown server id {exc.args[0]!r}") from None
 
     def _new_row(self, prior_ms: ArrayLike | TableCdf, group: str | None) -> _Row:
-        # Rows registered one after another with the same prior object (the servers of a
-        # pool) start from one window and one snapshot, seeded once and shared read-only
-        # until each row's first refresh (_Row.own_window; the slot: _refresh): an idle
-        # server holds neither.
-        seeded = self._seeded
+        # Rows registered with the same prior object (the servers of a pool, in turn with
+        # other pools' or not) start from one window and one snapshot, seeded once and
+        # shared read-only until each row's first refresh (_Row.own_window; the slot:
+        # _refresh): an idle server holds neither.
+        cache = self._seeded
+        seeded = cache.pop(id(prior_ms), None)
         if seeded is None or seeded[0] is not prior_ms:
             window, filled = _seed_window(prior_ms, self._window_size)
             window.setflags(write=False)
@@ -927,7 +935,10 @@ class CdfBook:
                 cdf = prior_ms
             else:
                 cdf = LatencyCdf.from_samples(window[:filled], self._tail_fraction)
-            seeded = self._seeded = (prior_ms, window, filled, cdf)
+            seeded = (prior_ms, window, filled, cdf)
+            while len(cache) >= SEEDED_PRIORS:
+                del cache[next(iter(cache))]
+        cache[id(prior_ms)] = seeded  # the most recently used, last
         _, window, filled, cdf = seeded
         model = prior_ms if isinstance(prior_ms, TableCdf) else None
         row = _Row(window, filled, cdf, group, model=model)

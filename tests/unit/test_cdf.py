@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gateway import cdf as cdf_mod
 from gateway.cdf import CdfBook, LatencyCdf
 
 APPS = ("masstree", "shore", "xapian")
@@ -479,6 +480,34 @@ def test_servers_of_one_prior_share_a_slot_until_their_first_refresh() -> None:
     assert book.solve(["s5"], 99.0).unloaded_ms == pytest.approx(9.0)
     book.add_server("t", prior)
     assert book.row_key("t") != book.row_key("s5")
+
+
+def test_servers_of_pools_registering_in_turn_share_their_pools_slot() -> None:
+    # Two pools' servers registering interleaved (as they do at a gateway's start) hold one
+    # window and one slot per pool, not one each.
+    rng = np.random.default_rng(4)
+    priors = [rng.lognormal(0.0, 0.5, 256), rng.lognormal(1.0, 0.5, 256)]
+    book = CdfBook(window_size=256, refresh_every=16)
+    for i in range(200):
+        book.add_server(f"s{i}", priors[i % 2])
+    for parity in (0, 1):
+        members = [f"s{i}" for i in range(parity, 200, 2)]
+        assert len({book.row_key(s) for s in members}) == 1
+        assert len({id(book._row_of(s).window) for s in members}) == 1
+    assert book.row_key("s0") != book.row_key("s1")
+    assert book.cdf_of("s0").n == book.cdf_of("s1").n == 256
+    assert book.cdf_of("s1").quantile(0.5) > book.cdf_of("s0").quantile(0.5)
+    # More priors in turn than the book keeps: each row seeds its own, and every row's
+    # window still holds its own prior.
+    many = [rng.lognormal(0.0, 0.1 + j / 100, 256) for j in range(cdf_mod.SEEDED_PRIORS + 1)]
+    for i in range(2 * len(many)):
+        book.add_server(f"m{i}", many[i % len(many)])
+    assert len({book.row_key(f"m{i}") for i in range(2 * len(many))}) == 2 * len(many)
+    for i in range(2 * len(many)):
+        np.testing.assert_array_equal(
+            np.sort(book._row_of(f"m{i}").window), np.sort(many[i % len(many)])
+        )
+    assert len(book._seeded) == cdf_mod.SEEDED_PRIORS
 
 
 @pytest.mark.parametrize("refresh_every", [1, 5, 16, 40, 200])
