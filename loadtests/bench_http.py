@@ -24,7 +24,10 @@ The gateway-added latency leaves out the time a request waits for the gateway's 
 before its handler starts (in the client's figure, with the wire and the servers).
 
     python -m loadtests.bench_http [--seconds 10] [--fanout 100] [--clients 32]
-        [--servers 100] [--per-process 25] [--sweep-fanout 10] [--no-sweep]
+        [--servers 100] [--per-process 25] [--sweep-fanout 10] [--no-sweep] [--config FILE]
+
+The queries go to pool ``default``, where the servers register; a configuration given with
+``--config`` must keep that pool.
 """
 
 from __future__ import annotations
@@ -104,10 +107,23 @@ class Window:
 class Gateway:
     """A gateway process and its emulated task servers, all registered and up."""
 
-    def __init__(self, servers: int, per_process: int, up_timeout_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        servers: int,
+        per_process: int,
+        up_timeout_s: float = 60.0,
+        *,
+        config: str | None = None,
+        busy: int | None = None,
+    ) -> None:
         self.servers = servers
         self.per_process = max(1, min(per_process, servers))
         self.up_timeout_s = up_timeout_s
+        self.config = config
+        """The gateway's tailgate.toml (None: built-in defaults)."""
+        self.busy = servers if busy is None else max(0, min(busy, servers))
+        """The first `busy` servers register in pool `default`, the others in pool
+        `spare` (which the configuration must name): registered, never queried."""
         self.proc: asyncio.subprocess.Process | None = None
         self.fleet: list[asyncio.subprocess.Process] = []
         self.url = ""
@@ -123,7 +139,8 @@ class Gateway:
     async def _start(self) -> None:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         # History in memory: nothing is left behind in the working directory.
-        argv = [*tailgate_argv(log_level="ERROR"), "gateway", "--port", "0", "--storage-url", ""]
+        argv = [*tailgate_argv(self.config, log_level="ERROR"), "gateway", "--port", "0"]
+        argv += ["--storage-url", ""]
         self.proc = await asyncio.create_subprocess_exec(
             *argv, stdout=asyncio.subprocess.PIPE, env=env
         )
@@ -131,12 +148,19 @@ class Gateway:
         self.url = json.loads(await asyncio.wait_for(self.proc.stdout.readline(), 30))["url"]
         left, n = self.servers, 0
         while left:
-            count = min(self.per_process, left)
+            placed = self.servers - left
+            # A process's servers are all in one pool: none spans the busy ones' end.
+            up_to = self.busy - placed if placed < self.busy else left
+            count = min(self.per_process, left, up_to)
             n += 1
             extra = ["--count", str(count), "--service-kind", "constant"]
             extra += ["--service-value-ms", "0", "--slots", "1000"]
             argv = taskserver_argv(
-                f"ts{n}", gateway_url=self.url, log_level="ERROR", extra_args=extra
+                f"ts{n}",
+                gateway_url=self.url,
+                log_level="ERROR",
+                extra_args=extra,
+                pool=None if placed < self.busy else "spare",
             )
             self.fleet.append(
                 await asyncio.create_subprocess_exec(
@@ -336,7 +360,7 @@ async def main_async(args: argparse.Namespace) -> None:
         f"gateway + {args.servers} emulated task servers (zero service time, "
         f"{args.per_process} a process); load from this process over HTTP"
     )
-    async with Gateway(args.servers, args.per_process) as gw:
+    async with Gateway(args.servers, args.per_process, config=args.config) as gw:
         w = await closed_loop(gw, args.fanout, args.clients, args.seconds)
         print(f"\nclosed loop: fanout {args.fanout}, {args.clients} clients, {w.seconds:.1f} s")
         print("  queries/s   tasks/s   failed   gateway CPU   gateway-added µs   client µs")
@@ -380,6 +404,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--max-steps", type=int, default=10)
     parser.add_argument("--step-seconds", type=float, default=5.0)
     parser.add_argument("--limit-ms", type=float, default=LIMIT_MS)
+    parser.add_argument("--config", help="the gateway's tailgate.toml (default: built-in)")
     args = parser.parse_args(argv)
     if max(args.fanout, args.sweep_fanout if args.sweep else 1) > args.servers:
         parser.error("--fanout and --sweep-fanout must not exceed --servers")

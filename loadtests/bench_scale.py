@@ -24,23 +24,31 @@ On one small machine the server processes share the cores with the gateway; what
 gateway spends is its own (/proc), its latencies are those of the whole machine.
 
     python -m loadtests.bench_scale [--servers 10,100,500,1000] [--per-process 250]
-        [--processes P] [--idle-s 10] [--queries 300] [--clients 4]
+        [--processes P] [--idle-s 10] [--queries 300] [--clients 4] [--busy K] [--config FILE]
 
 With ``--processes P`` every N runs in the same P server processes (N / P servers each):
 on a small machine each query of fanout 100 wakes up to min(100, processes) of them, so
 the process count, not N, sets much of the tail; this keeps it fixed across N.
+
+With ``--busy K`` only the first K servers of every N take the queries (fanout min(100, K));
+the others register in a pool ``spare`` and are never queried, so N - K servers are
+registered but idle: what the gateway's query path pays for servers it does not use. Pools
+are whole processes: use ``--per-process`` so that K servers fill whole processes at every N.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import statistics
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import aiohttp
 
@@ -143,7 +151,14 @@ def _per_process(n: int, args: argparse.Namespace) -> int:
 
 async def measure(n: int, args: argparse.Namespace) -> Row:
     """Start N servers and a gateway; measure them."""
-    async with Gateway(n, _per_process(n, args), up_timeout_s=60.0 + n / 20.0) as gw:
+    gw_at = Gateway(
+        n,
+        _per_process(n, args),
+        up_timeout_s=60.0 + n / 20.0,
+        config=args.config,
+        busy=args.busy,
+    )
+    async with gw_at as gw:
         await asyncio.sleep(args.settle_s)
         assert gw.proc is not None
         pid = gw.proc.pid
@@ -151,7 +166,7 @@ async def measure(n: int, args: argparse.Namespace) -> Row:
         await asyncio.sleep(args.idle_s)
         idle = (cpu_seconds(pid) - cpu0) / (time.perf_counter() - t0)
         rss = rss_mib(pid)
-        fanout = min(100, n)
+        fanout = min(100, gw.busy)
         async with aiohttp.ClientSession() as http:
             whole = await _timed_get(http, gw.url + "/v1/servers", 5)
             page = await _timed_get(http, gw.url + "/v1/servers?limit=100", 5)
@@ -189,7 +204,9 @@ async def main_async(args: argparse.Namespace) -> None:
         f"one gateway, N emulated task servers ({spread}, zero service "
         f"time); idle CPU over {args.idle_s:g} s; queries: {args.queries} from "
         f"{args.clients} clients"
-    )
+        + (f", to the first {args.busy} servers (the rest registered in pool spare)"
+           if args.busy is not None else "")
+    )  # fmt: skip
     print(
         "servers   gateway RSS   per server   idle CPU   per server   GET /v1/servers"
         "        fanout   latency_ms          gateway-added µs    full GCs   CPU µs a query"
@@ -240,7 +257,47 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--idle-s", type=float, default=10.0)
     parser.add_argument("--queries", type=int, default=300)
     parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument(
+        "--busy",
+        type=int,
+        default=None,
+        help="of every N, only this many servers take the queries (pool default); the "
+        "others register in pool spare and are never queried: what registered but idle "
+        "servers cost the queries",
+    )
+    parser.add_argument(
+        "--config",
+        help="the gateway's tailgate.toml (default: built-in; with --busy, one naming the "
+        "pools default and spare, written for the run)",
+    )
     args = parser.parse_args(argv)
+    if args.busy is not None and args.busy < 1:
+        parser.error(f"--busy: must be >= 1, got {args.busy}")
+    with contextlib.ExitStack() as stack:
+        if args.busy is not None:
+            args.config = _two_pool_config(parser, args.config, stack)
+        _run(args)
+
+
+def _two_pool_config(
+    parser: argparse.ArgumentParser, given: str | None, stack: contextlib.ExitStack
+) -> str:
+    """The configuration of a --busy run: the given one if it names pools default and
+    spare (else an error), or one written for the run that names just those two."""
+    if given is not None:
+        from deploy.config import load_config
+
+        names = {p.name for p in load_config(given).gateway.pools}
+        if not {"default", "spare"} <= names:
+            parser.error(f"--busy: {given} must name the pools default and spare")
+        return given
+    tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-scale-")))
+    path = tmp / "tailgate.toml"
+    path.write_text('[[pools]]\nname = "default"\n\n[[pools]]\nname = "spare"\n')
+    return str(path)
+
+
+def _run(args: argparse.Namespace) -> None:
     try:
         import uvloop
 

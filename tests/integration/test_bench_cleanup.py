@@ -92,3 +92,42 @@ async def test_servers_that_do_not_come_up_in_time_are_stopped_with_the_gateway(
             if p is not None and p.returncode is None:
                 p.kill()
                 await p.wait()
+
+
+@pytest.mark.timeout(90)
+async def test_a_scale_run_with_busy_servers_registers_the_rest_in_pool_spare(
+    tmp_path: Path,
+) -> None:
+    # `bench_scale --busy K`: K servers take the queries in pool default, the rest register
+    # in pool spare, no process spanning both; the benchmark's own configuration is used.
+    import aiohttp
+
+    from loadtests.bench_http import Gateway
+
+    config = tmp_path / "two.toml"
+    config.write_text('[[pools]]\nname = "default"\n\n[[pools]]\nname = "spare"\n')
+    async with Gateway(7, 3, config=str(config), busy=4) as gw:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(gw.url + "/v1/servers") as r:
+                listing = await r.json()
+    assert len(gw.fleet) == 3  # 3 and 1 in default, 3 in spare
+    pools: dict[str, set[str]] = {}
+    for view in listing["servers"]:
+        pools.setdefault(view["pool"], set()).add(view["id"].split("-")[0])
+    assert sorted(pools) == ["default", "spare"]
+    assert sum(1 for v in listing["servers"] if v["pool"] == "default") == 4
+    assert pools["default"].isdisjoint(pools["spare"])  # a process's servers share a pool
+
+
+def test_a_scale_run_refuses_busy_with_a_configuration_without_pool_spare(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "one.toml"
+    config.write_text('[[pools]]\nname = "default"\n')
+    out = subprocess.run(
+        [sys.executable, "-m", "loadtests.bench_scale", "--servers", "4", "--busy", "2",
+         "--config", str(config)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 2
+    assert "must name the pools default and spare" in out.stderr
