@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gateway.server_series import MetricSink, ServerSeries, server_text
+from gateway.server_series import MetricSink, ServerSeries, server_text, servers_family
 from gateway.server_windows import SERVER_WINDOW_S, ServerMissRatios
 from taskserver.metrics import LiteHistogram, register_build_info
 
@@ -84,19 +84,16 @@ def fanout_bucket(k: int) -> str:
 class _ServersCollector(Collector):
     def __init__(self, snapshot: Callable[[], Iterable[tuple[str, str]]]) -> None:
         self._snapshot = snapshot
+        self.enabled = True
+        """Off while GET /metrics renders the family in its slices (server_text)."""
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
-        fam = GaugeMetricFamily(
-            "tailgate_servers",
-            "Registered task servers by pool and state.",
-            labels=["pool", "state"],
-        )
+        if not self.enabled:
+            return
         counts: dict[tuple[str, str], int] = {}
         for pool, state in self._snapshot():
             counts[(pool, state)] = counts.get((pool, state), 0) + 1
-        for (pool, state), n in sorted(counts.items()):
-            fam.add_metric([pool, state], n)
-        yield fam
+        yield servers_family(counts)
 
 
 class _TaskCountsCollector(Collector):
@@ -332,6 +329,8 @@ class GatewayMetrics:
         self.server_windows = ServerMissRatios()
         """Per-server and per-pool task counts and windows."""
         self._collector: _GatewayCollector | None = None
+        self._servers: _ServersCollector | None = None
+        self._servers_of_view = False
         # labels() validates and locks on every call: the query path's children, found once.
         self._query_children: dict[tuple[str, str], Any] = {}
         self._unloaded_children: dict[tuple[str, int], Any] = {}
@@ -437,9 +436,15 @@ class GatewayMetrics:
             latency.labels(c.name).set(c.latency_ms / 1000.0)
             objective.labels(c.name).set(c.percentile / 100.0)
 
-    def bind_servers(self, snapshot: Callable[[], Iterable[tuple[str, str]]]) -> None:
-        """Export the server registry's (pool, state) pairs at scrape time."""
-        self.registry.register(_ServersCollector(snapshot))
+    def bind_servers(
+        self, snapshot: Callable[[], Iterable[tuple[str, str]]], *, of_view: bool = False
+    ) -> None:
+        """Export the server registry's (pool, state) pairs at scrape time. `of_view`: they
+        are those of the links of the view bound by bind_service, so GET /metrics may count
+        them in its slices of those links instead."""
+        self._servers = _ServersCollector(snapshot)
+        self._servers_of_view = of_view
+        self.registry.register(self._servers)
 
     def bind_service(
         self,
@@ -458,14 +463,24 @@ class GatewayMetrics:
         collector = self._collector
         if collector is None:
             return generate_latest(self.registry)
+        # The servers' families and tailgate_servers walk every server: they are rendered
+        # after the rest, in slices, when this registry's tailgate_servers counts the
+        # service's own links (bound by GatewayService).
+        servers = self._servers
+        sliced = servers is not None and servers.enabled and self._servers_of_view
         collector.per_server = False
+        if sliced:
+            servers.enabled = False
         try:
             head = generate_latest(self.registry)
         finally:
             collector.per_server = True
+            if sliced:
+                servers.enabled = True
         view = collector._view
         await asyncio.sleep(0)
-        return head + (await server_text(view, self.server_windows)).encode()
+        text = await server_text(view, self.server_windows, servers=bool(sliced))
+        return head + text.encode()
 
 
 def _tenant_metrics(tenants: dict[str, Any]) -> Iterable[Metric]:

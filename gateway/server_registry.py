@@ -41,7 +41,7 @@ from taskserver.heap import Refreeze, refreeze
 from taskserver.service_time import make_distribution
 from taskserver.tls import link_client_tls
 
-__all__ = ["ServerRegistry"]
+__all__ = ["ServerLinks", "ServerRegistry"]
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +62,80 @@ def _cdf_group(pool: PoolConfig, cluster: str | None) -> str | None:
 
 def _unwired(*args: Any) -> None:
     raise RuntimeError("ServerRegistry: link callbacks are not wired (GatewayService does it)")
+
+
+class ServerLinks(dict[str, TaskLink]):
+    """The registered links by id (a dict: the query path's lookups are the dict's own),
+    with what the scrape and the views need of all of them kept as links come and go:
+    each pool's slots and the links with a gateway-held (central) queue. At 10,000 servers
+    a walk of every link for these took ~10 ms of a scrape's head on the 2-core VM.
+
+    A link's pool, slots and queue are set when it is built and never change (a server
+    registering again with others gets a new link), so adding and removing keep them.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pool_slots: dict[str, int] = {}
+        """Pool -> the slots of its registered servers (whatever their state)."""
+        self.central: dict[str, TaskLink] = {}
+        """The links whose tasks wait in a gateway-held queue, by id."""
+
+    def _added(self, link: TaskLink) -> None:
+        self.pool_slots[link.pool] = self.pool_slots.get(link.pool, 0) + link.slots
+        if link.queue is not None:
+            self.central[link.server_id] = link
+
+    def _removed(self, key: str, link: TaskLink) -> None:
+        left = self.pool_slots[link.pool] - link.slots
+        if left:
+            self.pool_slots[link.pool] = left
+        else:
+            del self.pool_slots[link.pool]
+        if self.central.get(key) is link:
+            del self.central[key]
+
+    def __setitem__(self, key: str, link: TaskLink) -> None:
+        old = self.get(key)
+        if old is not None:
+            self._removed(key, old)
+        super().__setitem__(key, link)
+        self._added(link)
+
+    def __delitem__(self, key: str) -> None:
+        link = self[key]
+        super().__delitem__(key)
+        self._removed(key, link)
+
+    def pop(self, key: str, *default: Any) -> Any:
+        if key not in self:
+            return super().pop(key, *default)
+        link = super().pop(key)
+        self._removed(key, link)
+        return link
+
+    def popitem(self) -> tuple[str, TaskLink]:
+        key, link = super().popitem()
+        self._removed(key, link)
+        return key, link
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        if key not in self:
+            self[key] = default
+        return self[key]
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        for key, link in dict(*args, **kwargs).items():
+            self[key] = link
+
+    def clear(self) -> None:
+        super().clear()
+        self.pool_slots.clear()
+        self.central.clear()
+
+    def __ior__(self, other: Any) -> ServerLinks:  # type: ignore[override,misc]
+        self.update(other)
+        return self
 
 
 class ServerRegistry:
@@ -86,7 +160,7 @@ class ServerRegistry:
         self._link_rng = random.Random()
         """The links' jitter (reconnect backoff, quiet heartbeat periods): one generator for
         all of them, not a Mersenne Twister state (2.5 KB) per server."""
-        self.links: dict[str, TaskLink] = {}
+        self.links = ServerLinks()
         self._grace_from: float | None = None
         """When the registration grace began (the service's start; None: not started)."""
         self.targets = TargetPicker(

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING
 
+from prometheus_client import generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
@@ -36,6 +37,7 @@ __all__ = [
     "ServerSeries",
     "TextSink",
     "server_text",
+    "servers_family",
 ]
 
 POST_QUEUING_QUANTILES = (0.5, 0.9, 0.99, 0.999)
@@ -170,6 +172,9 @@ class ServerSeries:
         # Servers of one pool or cluster row share a CDF: its quantiles are read once.
         # (The snapshot is kept with them so that its id is not reused while cached.)
         self._quantiles: dict[int, tuple[object, list[float]]] = {}
+        self.states: dict[tuple[str, str], int] | None = None
+        """When a dict: (pool, display state) -> servers, counted as their links are taken
+        (tailgate_servers in the scrape's slices)."""
 
     def take_counts(self, items: Iterable[tuple[tuple[str, str], Sequence[int]]]) -> None:
         """Tasks and misses of these (server, pool) counts."""
@@ -183,8 +188,12 @@ class ServerSeries:
         emit, now, windows = self.emit, self.now, self.windows
         book = self.view.book
         q_labels = self._q_labels
+        states = self.states
         for lk in links:
             sid, pool = lk.server_id, lk.pool
+            if states is not None:
+                key = (pool, lk.display_state)
+                states[key] = states.get(key, 0) + 1
             emit(MISS_RATIO, sid, pool, windows.server_ratio(sid, pool, now))
             emit(DEPTH, sid, pool, len(lk.outstanding))
             if not book.has_server(sid):
@@ -202,13 +211,41 @@ class ServerSeries:
             emit(EST_WAIT, sid, pool, wait.mean_ms / 1000.0)
 
 
-async def server_text(
-    view: GatewayView, windows: ServerMissRatios, slice_size: int = SCRAPE_SLICE
-) -> str:
-    """The per-server families as exposition text, the event loop run between slices.
+def servers_family(states: dict[tuple[str, str], int]) -> GaugeMetricFamily:
+    """tailgate_servers: registered servers by pool and (display) state."""
+    fam = GaugeMetricFamily(
+        "tailgate_servers",
+        "Registered task servers by pool and state.",
+        labels=["pool", "state"],
+    )
+    for (pool, state), n in sorted(states.items()):
+        fam.add_metric([pool, state], n)
+    return fam
 
-    The servers and counts are those at its start; each server's figures are read when its
-    slice is taken (a server removed meanwhile still shows, as at the start)."""
+
+class _Families:
+    """Families as a registry (for generate_latest)."""
+
+    def __init__(self, *families: Metric) -> None:
+        self._families = families
+
+    def collect(self) -> Iterable[Metric]:
+        return self._families
+
+
+async def server_text(
+    view: GatewayView,
+    windows: ServerMissRatios,
+    slice_size: int = SCRAPE_SLICE,
+    *,
+    servers: bool = False,
+) -> str:
+    """The per-server families as exposition text, the event loop run between slices;
+    with `servers`, tailgate_servers after them, counted in the same slices.
+
+    The servers and counts are those at its start; each server's figures (its state too)
+    are read when its slice is taken (a server removed meanwhile still shows, as at the
+    start)."""
     now = view.clock()
     windows.update(now)
     counts = list(windows.counts.items())
@@ -220,10 +257,15 @@ async def server_text(
     await asyncio.sleep(0)
     sink = TextSink()
     series = ServerSeries(view, windows, now, sink.emit)
+    if servers:
+        series.states = {}
     for i in range(0, len(counts), slice_size):
         series.take_counts(counts[i : i + slice_size])
         await asyncio.sleep(0)
     for i in range(0, len(links), slice_size):
         series.take_links(links[i : i + slice_size])
         await asyncio.sleep(0)
-    return sink.text()
+    text = sink.text()
+    if series.states is not None:
+        text += generate_latest(_Families(servers_family(series.states))).decode()  # type: ignore[arg-type]
+    return text

@@ -98,7 +98,7 @@ class GatewayService:
         self.started = False
         """start() is done: the gateway admits queries (GET /readyz)."""
         self.metrics.bind_servers(
-            lambda: [(lk.pool, lk.display_state) for lk in self.links.values()]
+            lambda: [(lk.pool, lk.display_state) for lk in self.links.values()], of_view=True
         )
         self.metrics.bind_service(self)
         self.history = HistoryRecorder(self)
@@ -214,14 +214,12 @@ class GatewayService:
 
     def groups_view(self) -> list[dict[str, Any]]:
         """GET /v1/groups: every request group (QLM §4) with its statistics."""
-        slots: dict[str, int] = {}
-        for link in self.links.values():
-            slots[link.pool] = slots.get(link.pool, 0) + link.slots
-        return self.query.groups.snapshot(self.clock(), slots)
+        return self.query.groups.snapshot(self.clock(), dict(self.servers.links.pool_slots))
 
     def tenants_view(self) -> dict[str, Any]:
         """GET /v1/tenants: the allocation layer's flows with their shares and counters."""
-        return self.query.tenants.view(self.links.values(), self.clock())
+        # Only links with a gateway-held queue have tasks of the flows waiting.
+        return self.query.tenants.view(self.servers.links.central.values(), self.clock())
 
     # -- queries -----------------------------------------------------------------------
 

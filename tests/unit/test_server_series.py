@@ -26,6 +26,14 @@ def _service(n: int) -> GatewayService:
             service.book.add_server(sid, [float(j * (i + 1)) for j in range(1, 101)])
         if i % 5:
             service.server_windows.tasks(sid, f"p{i % 3}", 3 * i + 1, i % 4)
+    # Servers in each state tailgate_servers tells apart.
+    links = list(service.links.values())
+    for link in links[::2]:
+        link.state = "up"
+    links[1].state = "down"
+    links[2].draining = True
+    links[4].server_draining = True
+    links[6].owner = "gw-elsewhere"
     return service
 
 
@@ -43,17 +51,24 @@ async def test_the_sliced_text_is_what_prometheus_client_writes() -> None:
     assert sliced.keys() == whole.keys()
     names = {f"{name}_total" if kind == "counter" else name for name, kind, _, _ in SERVER_FAMILIES}
     assert names <= sliced.keys()
-    # The per-server families to the byte (the others move between reads: GC pauses).
-    for name in names | {"tailgate_pool_task_miss_ratio"}:
+    # The per-server families to the byte (the others move between reads: GC pauses), and
+    # tailgate_servers, counted in the slices.
+    for name in names | {"tailgate_pool_task_miss_ratio", "tailgate_servers"}:
         assert sliced[name] == whole[name], name
+    states = {line.split("state=")[1].split('"')[1] for line in sliced["tailgate_servers"]
+              .splitlines() if not line.startswith("#")}  # fmt: skip
+    assert states == {"up", "down", "draining", "owned_elsewhere", "connecting"}
     # Every server shows (the escaped one too), and the text parses.
     ratio = sliced["tailgate_server_task_miss_ratio"]
     assert ratio.count("\n") == 37 + 2
     assert r'server="odd\"id\\with\nnewline"' in ratio
     parsed = {f.name for f in text_string_to_metric_families(sliced_text)}
     assert "tailgate_server_post_queuing_seconds" in parsed
-    # Each family once: the registry's collector left them to the sliced part.
+    # Each family once: the registry's collectors left them to the sliced part.
     assert sliced_text.count("# TYPE tailgate_server_queue_depth gauge") == 1
+    assert sliced_text.count("# TYPE tailgate_servers gauge") == 1
+    # ... and only for the scrape: the registry itself still has them.
+    assert generate_latest(service.registry).decode().count("# TYPE tailgate_servers gauge") == 1
 
 
 async def test_the_loop_runs_between_slices() -> None:
