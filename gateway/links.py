@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import logging
 import math
 import random
@@ -41,7 +42,7 @@ from typing import Any, NamedTuple, Protocol
 from admission.allocation import DrrArbiter, FairArbiter
 from gateway.central import CentralQueue
 from gateway.hotpath import ResultFrames, ResultItem, TaskFrames
-from gateway.pacing import JITTER
+from gateway.pacing import JITTER, QUIET_TICK_S
 from gateway.queries import PendingTask
 from gateway.settle import take
 from taskserver.backoff import Backoff, RetryLog
@@ -68,6 +69,135 @@ _REPOLL_S = 0.05
 """After a rejected task the heartbeat asks for the status this soon (once per burst)."""
 SWEEPS_PER_HEARTBEAT = 4
 """How often, per heartbeat_s, the busy watch checks the quiet servers given work."""
+
+
+class PollSignal:
+    """A flag the heartbeat waits on for at most a period: `asyncio.Event` and `wait_for`
+    made one future and one timer. wait_for wraps the event's wait in a task and, on the
+    timeout that ends most waits (a quiet server is asked when its period is up), cancels
+    that task and waits for it to finish: extra loop turns on every heartbeat, 50 a second
+    at any N from 50 servers on (gateway.pacing). One waiter at a time (the heartbeat)."""
+
+    __slots__ = ("_set", "_waiter")
+
+    def __init__(self) -> None:
+        self._set = False
+        self._waiter: asyncio.Future[bool] | None = None
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        """Set the flag and wake the waiter."""
+        self._set = True
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(True)
+
+    def clear(self) -> None:
+        self._set = False
+
+    async def wait(self, timeout_s: float, tick_s: float | None = None) -> bool:
+        """True once the flag is set (at once when it is), False when timeout_s passed; with
+        tick_s, on the next tick of that grid after it (`QuietTicks`)."""
+        if self._set:
+            return True
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[bool] = loop.create_future()
+        self._waiter = waiter
+        if tick_s is None:
+            timer = loop.call_later(timeout_s, _time_up, waiter)
+            try:
+                return await waiter
+            finally:
+                timer.cancel()
+                if self._waiter is waiter:
+                    self._waiter = None
+        ticks = quiet_ticks(loop, tick_s)
+        tick = ticks.add(loop.time() + timeout_s, waiter)
+        try:
+            return await waiter
+        finally:
+            ticks.discard(tick, waiter)
+            if self._waiter is waiter:
+                self._waiter = None
+
+
+def _time_up(waiter: asyncio.Future[bool]) -> None:
+    if not waiter.done():
+        waiter.set_result(False)
+
+
+class QuietTicks:
+    """The ends of quiet periods, on one grid of ticks per event loop and tick size.
+
+    Each quiet link's heartbeat waits its own jittered period, so at 50 heartbeats a second
+    each woke the gateway on its own: a wake-up for the timer, one for the reply. Here a
+    wait ends on the first tick at or after its period, with every other wait due on that
+    tick, from one timer: at most 1 / tick_s such wake-ups a second, whatever N
+    (gateway.pacing.QUIET_TICK_S has the measured cost). A wait ended early (its flag set)
+    leaves its tick at once.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, tick_s: float) -> None:
+        self.loop = loop
+        self.tick_s = tick_s
+        self._due: dict[int, set[asyncio.Future[bool]]] = {}
+        self._ticks: list[int] = []
+        """Ticks with waits (a heap); one whose waits all ended early stays until it passes."""
+        self._timer: asyncio.TimerHandle | None = None
+        self._armed = -1
+
+    def add(self, deadline: float, waiter: asyncio.Future[bool]) -> int:
+        """End `waiter` (False) on the first tick at or after `deadline` (loop time)."""
+        tick = math.ceil(deadline / self.tick_s)
+        waits = self._due.get(tick)
+        if waits is None:
+            waits = self._due[tick] = set()
+            heapq.heappush(self._ticks, tick)
+            if self._timer is None or tick < self._armed:
+                self._arm(tick)
+        waits.add(waiter)
+        return tick
+
+    def discard(self, tick: int, waiter: asyncio.Future[bool]) -> None:
+        """A wait over before its tick: it leaves the tick."""
+        waits = self._due.get(tick)
+        if waits is not None:
+            waits.discard(waiter)
+
+    def _arm(self, tick: int) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._armed = tick
+        self._timer = self.loop.call_at(tick * self.tick_s, self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        # uvloop's timers fire up to a millisecond early (whole ms): a tick within 2 ms
+        # counts as come.
+        now_tick = math.floor((self.loop.time() + 0.002) / self.tick_s)
+        ticks = self._ticks
+        while ticks and ticks[0] <= now_tick:
+            for waiter in self._due.pop(heapq.heappop(ticks), ()):
+                if not waiter.done():
+                    waiter.set_result(False)
+        if ticks:
+            self._arm(ticks[0])
+        else:
+            _TICKS.pop((id(self.loop), self.tick_s), None)
+
+
+_TICKS: dict[tuple[int, float], QuietTicks] = {}
+"""The quiet ticks of each running event loop and tick size (they leave when empty)."""
+
+
+def quiet_ticks(loop: asyncio.AbstractEventLoop, tick_s: float) -> QuietTicks:
+    """The loop's grid of ticks of this size."""
+    ticks = _TICKS.get((id(loop), tick_s))
+    if ticks is None or ticks.loop is not loop:
+        ticks = _TICKS[(id(loop), tick_s)] = QuietTicks(loop, tick_s)
+    return ticks
 
 
 class BusyWatch:
@@ -364,7 +494,7 @@ class ServerLink:
         self._closing = False
         self._up = asyncio.Event()
         self._idle_waiters: list[asyncio.Future[None]] = []
-        self._poll_now = asyncio.Event()
+        self._poll_now = PollSignal()
         """Set to make the heartbeat ask for the status at once (a task was rejected, or a
         quiet server given work was not heard from within heartbeat_s: `_watch_due`)."""
         self.quiet_period = quiet_period
@@ -667,10 +797,11 @@ class ServerLink:
             if quiet_s > period_s:
                 period_s = quiet_s * self._rng.uniform(1.0 - JITTER, 1.0 + JITTER)
         stretched = self._stretched = period_s > self.heartbeat_s
+        # A quiet period ends on the loop's next quiet tick, with the others due then.
+        tick_s = min(QUIET_TICK_S, self.heartbeat_s / 4) if stretched else None
         try:
-            await asyncio.wait_for(self._poll_now.wait(), period_s)
-        except TimeoutError:
-            return False
+            if not await self._poll_now.wait(period_s, tick_s):
+                return False
         finally:
             self._stretched = False
         if stretched and self._silent:
@@ -679,9 +810,7 @@ class ServerLink:
             return False  # given work and not heard from since (_watch_due): ask now
         if stretched and not self._repoll:
             self._poll_now.clear()  # given work: the regular period from now
-            try:
-                await asyncio.wait_for(self._poll_now.wait(), self.heartbeat_s)
-            except TimeoutError:
+            if not await self._poll_now.wait(self.heartbeat_s):
                 return False
         return True
 

@@ -277,6 +277,12 @@ class ItemEncoder(Protocol):
         ...
 
 
+def _expire(fut: asyncio.Future[Any]) -> None:
+    """A call's timer: no reply came in time."""
+    if not fut.done():
+        fut.set_exception(TimeoutError())
+
+
 class ThriftConnection(asyncio.Protocol):
     """One duplex framed-Thrift connection.
 
@@ -432,15 +438,22 @@ class ThriftConnection(asyncio.Protocol):
         self.transport.write(b"".join(out) if len(out) > 1 else out[0])
 
     async def call(self, name: str, args: Any, timeout_s: float) -> Any:
-        """A two-way call: send ``name`` and wait for its reply's success value."""
+        """A two-way call: send ``name`` and wait for its reply's success value; TimeoutError
+        when none came within timeout_s."""
         self._seqid = (self._seqid + 1) & 0x7FFFFFFF
         seqid = self._seqid
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
         self._calls[seqid] = fut
+        # One timer on the reply's own future, not asyncio.wait_for (a second future, a
+        # done callback and, on 3.11, a cancellation it may swallow): the gateway's
+        # heartbeats are such calls, tens a second while nothing else happens.
+        timer = loop.call_later(timeout_s, _expire, fut)
         try:
             self.send(name, CALL, seqid, args)
-            reply = await asyncio.wait_for(fut, timeout_s)
+            reply = await fut
         finally:
+            timer.cancel()
             self._calls.pop(seqid, None)
         if isinstance(reply, TApplicationException):
             raise WireError(f"{name} failed on the peer: {reply.message}")
