@@ -26,10 +26,11 @@ Kubernetes' node leases make the same trade):
 Below about a hundred servers nothing changes: the periods are the configured ones.
 
 The budgets are set by what an idle gateway may spend: at 10,000 servers, 100 heartbeats and
-20 refreshes a second cost it 7.8% of a core on a 2-core machine (loadtests/bench_scale;
-mostly the kernel's loopback writes and the HTTP handling of a refresh, not Python), against
-a target of 5%; at 50 and 10 a second a quiet server is asked every N / 50 s (200 s at
-10,000: it is still found within heartbeat_timeout_s of being given work) and a restarted
+20 refreshes a second cost it 7.8% of a core on a 2-core machine (loadtests/bench_scale),
+against a target of 5%. Most of that is wake-ups, one per heartbeat sent and one per reply,
+not the heartbeats' Python: the quiet periods now end together on ticks (QUIET_TICK_S).
+At 50 and 10 a second a quiet server is asked every N / 50 s (200 s at 10,000: it is still
+found within heartbeat_timeout_s of being given work) and a restarted
 gateway learns every server again within N / 10 s.
 """
 
