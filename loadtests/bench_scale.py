@@ -18,7 +18,11 @@ heartbeats, as real ones do). Once all N are up and a settling pause has passed:
 - CPU a query: the gateway's CPU (user + system, /proc) over those queries, per query, and
   the server processes' likewise: whether the gateway's own work grows with N, or what it
   shares the cores with does; and the gateway's read(2) and write(2) calls per task: as N
-  grows at one load, fewer tasks share a link's frame, up to one frame each way a task.
+  grows at one load, fewer tasks share a link's frame, up to one frame each way a task;
+- RSS after the queries: a server's CDF row becomes its own (its window, a sorted copy and
+  a slot on the solver's grid, ~84 KiB at the default window) at its first refresh, after
+  `cdf_refresh_every` samples (256): about 256 x N / 100 queries of fanout 100 (the warm-up
+  queries count too).
 
 On one small machine the server processes share the cores with the gateway; what the
 gateway spends is its own (/proc), its latencies are those of the whole machine.
@@ -94,6 +98,10 @@ class Row:
     """The gateway's read(2) calls per task of the measured queries (HTTP's included)."""
     writes: float
     """Its write(2) calls per task: one a task when no two tasks share a link's frame."""
+    rss_after_mib: float
+    """The gateway's RSS after the queries: with enough of them that each server took a CDF
+    refresh's samples (`cdf_refresh_every`, 256), its row holds a window of its own (README:
+    memory once servers take traffic)."""
 
 
 async def _timed_get(http: aiohttp.ClientSession, url: str, repeats: int) -> float:
@@ -180,6 +188,7 @@ async def measure(n: int, args: argparse.Namespace) -> Row:
             cpu1, fleet1 = cpu_seconds(pid), sum(map(cpu_seconds, fleet))
             io1 = io_syscalls(pid)
             gcs1, gc_ms1 = await _full_gcs(http, gw.url)
+        rss_after = rss_mib(pid)
     tasks = max(len(answers) * fanout, 1)
     lat = sorted(a for a, _ in answers)
     added = sorted(b for _, b in answers)
@@ -187,7 +196,7 @@ async def measure(n: int, args: argparse.Namespace) -> Row:
         n, rss, idle, whole, page, fanout, *_p50_p99(lat), *_p50_p99(added),
         gcs1 - gcs0, gc_ms1 - gc_ms0,
         (cpu1 - cpu0) * 1e6 / max(len(answers), 1), (fleet1 - fleet0) * 1e6 / max(len(answers), 1),
-        (io1[0] - io0[0]) / tasks, (io1[1] - io0[1]) / tasks,
+        (io1[0] - io0[0]) / tasks, (io1[1] - io0[1]) / tasks, rss_after,
     )  # fmt: skip
 
 
@@ -211,12 +220,12 @@ async def main_async(args: argparse.Namespace) -> None:
     print(
         "servers   gateway RSS   per server   idle CPU   per server   GET /v1/servers"
         "        fanout   latency_ms          gateway-added µs    full GCs   CPU µs a query"
-        "      socket calls a task"
+        "      socket calls a task   RSS after"
     )
     print(
         "              MiB          KiB      % core     % core       all / page of 100 ms"
         "            p50 /    p99          p50 /    p99                gateway / servers"
-        "     reads / writes"
+        "     reads / writes     queries MiB"
     )
     first: Row | None = None
     for n in args.servers:
@@ -232,7 +241,7 @@ async def main_async(args: argparse.Namespace) -> None:
             f"{row.added_p50_us:>6.0f} / {row.added_p99_us:>6.0f}   "
             f"{row.full_gcs:>3} / {row.full_gc_ms:>5.0f}   "
             f"{row.gateway_us:>7,.0f} / {row.servers_us:>7,.0f}   "
-            f"{row.reads:>7.2f} / {row.writes:>6.2f}",
+            f"{row.reads:>7.2f} / {row.writes:>6.2f}   {row.rss_after_mib:>11.1f}",
             flush=True,
         )
 
