@@ -654,7 +654,8 @@ class CdfBook:
         window's snapshot) for the last SEEDED_PRIORS priors rows started from, least
         recently used first: the servers of several pools registering in turn each share
         their pool's window and slot (one cached prior gave every row of two interleaved
-        pools a window and a slot of its own: ~49 KB a server at window 4096)."""
+        pools a window and a slot of its own: 49 KiB a server at window 4096, by the arrays'
+        sizes)."""
         self._free: list[int] = []
         self._capacity = 0
         # log F of every row on one shared log-spaced grid of COARSE_CELLS * FINE_STEPS + 1

@@ -34,7 +34,7 @@ async def test_a_flag_set_while_waiting_wakes_the_waiter_before_its_period() -> 
     assert poll.is_set()
 
 
-async def test_a_cancelled_wait_leaves_no_waiter_and_no_timer() -> None:
+async def test_a_cancelled_wait_leaves_no_waiter() -> None:
     poll = PollSignal()
     task = asyncio.get_running_loop().create_task(poll.wait(5.0))
     await asyncio.sleep(0.01)
@@ -103,7 +103,7 @@ async def test_quiet_waits_due_on_one_tick_end_together_from_one_timer() -> None
     tasks = [loop.create_task(wait(i, p)) for i, p in enumerate(periods)]
     await asyncio.sleep(0)
     ticks = links._TICKS[(id(loop), tick_s)]
-    assert len(ticks._ticks) <= 5  # waits share ticks
+    assert len(ticks._ticks) <= 4  # the first four waits share at most two ticks
     await asyncio.gather(*tasks)
     for i, p in enumerate(periods):
         assert ended[i] - t0 >= p - 0.003  # never before its period (uvloop: ~1 ms early)
