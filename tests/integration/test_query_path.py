@@ -91,9 +91,11 @@ async def _reorder_run(
 ) -> list[str]:
     """Four loose queries queue behind a running one; a tight one arrives last.
 
-    Returns the query names in the order their answers came back: with 150 ms loose tasks
-    and a 10 ms tight one, that is the order of service with ~140 ms to spare, robust to
-    a loaded machine's scheduling noise.
+    Returns the query names in the order their answers came back: with 400 ms loose tasks
+    and a 10 ms tight one, that is the order of service. The tight task must reach the
+    server's queue before the first loose one ends: it is sent ~100 ms after that one
+    started, so ~300 ms to spare for a loaded machine's scheduling noise (with 150 ms loose
+    tasks, 50 ms were not always enough on 2 cores beside 3 test workers).
     """
     if central:
         toml = f'[[pools]]\nname = "edge"\nqueueing = "central"\npolicy = "{policy}"\n'
@@ -121,11 +123,11 @@ async def _reorder_run(
         assert status == 200, ans
         answered[name] = time.monotonic()
 
-    first = asyncio.create_task(run("loose-0", 10_000, 150))
+    first = asyncio.create_task(run("loose-0", 10_000, 400))
     await asyncio.sleep(0.05)
-    loose = [asyncio.create_task(run(f"loose-{i}", 10_000, 150)) for i in range(1, 4)]
+    loose = [asyncio.create_task(run(f"loose-{i}", 10_000, 400)) for i in range(1, 4)]
     await asyncio.sleep(0.05)
-    tight = asyncio.create_task(run("tight", 2_000, 10))
+    tight = asyncio.create_task(run("tight", 4_000, 10))
     await asyncio.gather(first, *loose, tight)
     return sorted(answered, key=answered.__getitem__)
 
