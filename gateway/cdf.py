@@ -52,6 +52,16 @@ COARSE_CELLS = 128
 FINE_STEPS = 32
 """Fine steps per coarse cell: a second bisection over steps + 1 points pins the answer; the
 fine spacing (~0.4% for a 15-e-fold span) bounds the error at the kinks of empirical CDFs."""
+SAMPLE_DTYPE = np.float32
+"""What a row's window, its sorted copy and a snapshot's knots hold post-queuing times in:
+float32's 24-bit mantissa keeps a sample to 6e-8 of itself (6 ns at 100 ms, finer than the
+clocks the samples come from), in half the bytes of float64. A busy server's row holds its
+window and the sorted copy its snapshot shares: 64 KiB of float64 at the default window of
+4,096, 32 KiB of float32. What is computed from them (log survival, the mean, the tail fit,
+the solver's grid) is computed in float64."""
+MAX_SAMPLE_MS = float(np.finfo(SAMPLE_DTYPE).max)
+"""The largest post-queuing time a window can hold (3.4e38 ms): a larger one is refused,
+not stored as infinity."""
 SEEDED_PRIORS = 16
 """Priors whose seeded window and snapshot the book keeps for the next server registered with
 the same prior object (a pool's, gateway.server_registry): more than a gateway has pools, few
@@ -235,7 +245,10 @@ class LatencyCdf:
         With `model` (the prior the window started from, while it still holds some of it),
         beyond the largest sample the model's shape carries on instead of a fitted GPD.
         """
-        x = np.asarray(samples_ms, dtype=np.float64).ravel()
+        x = np.asarray(samples_ms)
+        if x.dtype != SAMPLE_DTYPE:  # float32 knots stay float32 (a CdfBook's); else float64
+            x = x.astype(np.float64, copy=False)
+        x = x.ravel()
         if not presorted:
             x = np.sort(x)
         elif x.flags.writeable:
@@ -283,10 +296,11 @@ class LatencyCdf:
         # Mean = integral of the survival: 1 up to the smallest sample, exponential arcs
         # between samples, and the tail (or nothing, when F jumps to 1 at the largest sample).
         mean = float(knots[0])
+        # The knots' gaps in float64 (float32 knots subtracted in float32 would round).
+        width = np.subtract(knots[1:], knots[:-1], dtype=np.float64)
         if levels is not None:
-            mean += float(np.dot(np.diff(knots), levels.arc))
+            mean += float(np.dot(width, levels.arc))
         elif knots.size > 1:
-            width = np.diff(knots)
             drop = np.diff(neg_log_sf)
             mean += float(np.dot(width, (survival[:-1] - survival[1:]) / drop))
         if tail is not None:
@@ -347,10 +361,22 @@ class LatencyCdf:
             return self.tail.isf(min(math.exp(-level), self.tail.exceed_prob))
         if level <= self._neg_log_sf[0]:
             return self.min_ms
-        return float(np.interp(level, self._neg_log_sf, self._knots_ms))
+        # Linear between the bracketing pair of knots, as np.interp is, without its float64
+        # copy of every float32 knot on each call. The levels strictly rise, so x0 < x1.
+        return self._body_quantile(level, int(self._neg_log_sf.searchsorted(level, "right")))
+
+    def _body_quantile(self, level: float, j: int) -> float:
+        """The body's quantile at -log survival `level`, in (levels[0], levels[-1]], with j
+        the first level above it (levels.size if none)."""
+        neg_log_sf = self._neg_log_sf
+        if j == neg_log_sf.size:
+            return self.max_ms
+        x0, x1 = float(neg_log_sf[j - 1]), float(neg_log_sf[j])
+        y0, y1 = float(self._knots_ms[j - 1]), float(self._knots_ms[j])
+        return y0 + (y1 - y0) * ((level - x0) / (x1 - x0))
 
     def quantiles(self, qs: Sequence[float]) -> list[float]:
-        """`quantile` of each level, those inside the body in one interpolation (a scrape
+        """`quantile` of each level, those inside the body found in one search (a scrape
         reads four of every server's: gateway.server_series)."""
         out = [0.0] * len(qs)
         at: list[int] = []
@@ -364,9 +390,9 @@ class LatencyCdf:
             else:
                 out[i] = self.quantile(q)  # the ends, the tail, and the refusals
         if levels:
-            values = np.interp(levels, self._neg_log_sf, self._knots_ms).tolist()
-            for i, value in zip(at, values, strict=True):
-                out[i] = value
+            above = self._neg_log_sf.searchsorted(levels, "right").tolist()
+            for i, level, j in zip(at, levels, above, strict=True):
+                out[i] = self._body_quantile(level, j)
         return out
 
     def mean_ms(self) -> float:
@@ -444,9 +470,9 @@ class _Row:
         self.slot = -1
         """The slot of its snapshot in the book's matrices (shared with rows of the same
         snapshot)."""
-        self.fresh = array("d")
+        self.fresh = array("f")
         """Online samples not yet written into the window: they are written at the next
-        refresh (or read of the window), all at once (8 bytes a sample, not a float object)."""
+        refresh (or read of the window), all at once (4 bytes a sample, not a float object)."""
         self.fresh_pos = 0
         """The window position of fresh[0]."""
         self.seen = 0
@@ -484,7 +510,7 @@ class _Row:
             self._window = self._window.copy()
             self.shared = False
         if self.fresh:
-            fresh, self.fresh = self.fresh, array("d")
+            fresh, self.fresh = self.fresh, array("f")
             window = self._window
             size = window.size
             k = len(fresh)
@@ -503,7 +529,7 @@ class _Row:
                         self.gone.append(window[start : start + first].copy())
                         if count > first:
                             self.gone.append(window[: count - first].copy())
-            _write_ring(window, self.fresh_pos, np.frombuffer(fresh, dtype=np.float64))
+            _write_ring(window, self.fresh_pos, np.frombuffer(fresh, dtype=SAMPLE_DTYPE))
             self.stored = min(self.stored + k, size)
         return self._window
 
@@ -559,7 +585,7 @@ class _Row:
         return max(self.prior - overwritten, 0)
 
 
-_EMPTY = np.empty(0)
+_EMPTY = np.empty(0, dtype=SAMPLE_DTYPE)
 _EMPTY.setflags(write=False)
 
 
@@ -579,6 +605,10 @@ def _resorted(old: np.ndarray, gone: np.ndarray, added: np.ndarray) -> np.ndarra
         return old
     # Two sorted runs: the stable sort (timsort) merges them in one linear pass.
     return np.sort(np.concatenate((old, added)), kind="stable")
+
+
+def _bad_sample(value: object) -> str:
+    return f"post_queue_ms must be >= 0 and at most {MAX_SAMPLE_MS:.4g} ms, got {value!r}"
 
 
 def _write_ring(window: np.ndarray, pos: int, values: np.ndarray) -> None:
@@ -602,6 +632,11 @@ def _seed_window(prior_ms: ArrayLike | TableCdf, window_size: int) -> tuple[np.n
     m = prior.size
     if m == 0:
         raise ValueError("prior_ms: need at least one sample, got none")
+    if not prior[-1] <= MAX_SAMPLE_MS:  # NaN sorts last and fails this too
+        raise ValueError(
+            f"prior_ms: samples must be finite and at most {MAX_SAMPLE_MS:.4g} ms, "
+            f"got {float(prior[-1])!r}"
+        )
     if m > window_size:
         # Keep the prior's distribution at the window's size: its quantiles at the Hazen
         # positions of window_size points.
@@ -614,7 +649,7 @@ def _seed_window(prior_ms: ArrayLike | TableCdf, window_size: int) -> tuple[np.n
     order = np.argsort((np.arange(m) * 0.6180339887498949) % 1.0, kind="stable")
     ranks = np.empty(m, dtype=np.intp)
     ranks[order] = np.arange(m)
-    window = np.empty(window_size, dtype=np.float64)
+    window = np.empty(window_size, dtype=SAMPLE_DTYPE)
     window[:m] = prior[ranks]
     return window, m
 
@@ -725,8 +760,8 @@ class CdfBook:
         row = self._rows_by_id.get(server_id)
         if row is None:
             return
-        if not (0.0 <= post_queue_ms < math.inf):
-            raise ValueError(f"post_queue_ms must be finite and >= 0, got {post_queue_ms!r}")
+        if not (0.0 <= post_queue_ms <= MAX_SAMPLE_MS):
+            raise ValueError(_bad_sample(post_queue_ms))
         row.take((float(post_queue_ms),))
         # TailGuard §III.C.2 updates F_l online; rebuilding the snapshot every refresh_every
         # samples (not per sample) keeps this hot path O(1) amortised.
@@ -742,11 +777,11 @@ class CdfBook:
         values = post_queue_ms.tolist() if isinstance(post_queue_ms, np.ndarray) else post_queue_ms
         if not values:
             return
-        # min and sum run in C: a NaN makes the sum NaN, an infinity makes it infinite.
-        if not (min(values) >= 0.0 and math.isfinite(sum(values))):
+        # min, max and sum run in C: a NaN makes the sum NaN (max alone may miss it).
+        if not (min(values) >= 0.0 and max(values) <= MAX_SAMPLE_MS and math.isfinite(sum(values))):
             for value in values:
-                if not (0.0 <= value < math.inf):
-                    raise ValueError(f"post_queue_ms must be finite and >= 0, got {value!r}")
+                if not (0.0 <= value <= MAX_SAMPLE_MS):
+                    raise ValueError(_bad_sample(value))
         row.take(values)
         if row.pending >= self._refresh_every:
             self._refresh(row)

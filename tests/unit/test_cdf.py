@@ -122,13 +122,14 @@ def test_bad_samples_are_rejected(bad: list[float]) -> None:
 @pytest.mark.parametrize("k", [1, 10, 100, 1000])
 def test_exponential_servers_match_the_closed_form(k: int, percentile: float) -> None:
     # The prior is exact exponential quantiles (mean 2 ms, n = 10^4), so inside the data the
-    # body is exact (log-survival interpolation; measured error <= 2e-14). k = 1000 at p99
+    # body is exact to the window's float32 (each sample within 6e-8 of itself; measured
+    # <= 8.4e-9; in float64 the interpolation's error was <= 2e-14). k = 1000 at p99
     # needs F = 0.99999, beyond the largest sample (F = 0.99995): the GPD fitted to the top
     # 5% answers, off by its scale estimate (sigma 2.0016 for 2): measured +1.1e-4.
     book = make_book(exp_quantiles_ms(2.0), k, window_size=10_000)
     solution = book.solve(ids(k), percentile)
     exact = exp_unloaded_ms(2.0, k, percentile)
-    tol = 5e-4 if solution.estimate == "tail-model" else 1e-9
+    tol = 5e-4 if solution.estimate == "tail-model" else 6e-8
     assert solution.unloaded_ms == pytest.approx(exact, rel=tol)
     assert solution.per_task_quantile == pytest.approx((percentile / 100.0) ** (1.0 / k))
 
@@ -381,9 +382,49 @@ def test_unknown_server_results_are_ignored_and_bad_values_rejected() -> None:
     version = book.version
     book.observe("gone", 1.0)
     assert book.version == version
-    for bad in (-1.0, math.nan, math.inf):
+    # 1e39 is finite, but past float32 (the window's type): refused, not stored as inf.
+    for bad in (-1.0, math.nan, math.inf, 1e39):
         with pytest.raises(ValueError, match="post_queue_ms"):
             book.observe("s0", bad)
+        with pytest.raises(ValueError, match="post_queue_ms"):
+            book.observe_many("s0", [1.0, bad, 2.0])
+    assert book.version == version and book.samples_seen("s0") == 0
+    book.observe_many("s0", [cdf_mod.MAX_SAMPLE_MS, 1.0])  # the largest a window holds
+    assert book.samples_seen("s0") == 2
+    with pytest.raises(ValueError, match="prior_ms: samples must be finite and at most"):
+        CdfBook().add_server("big", [1.0, 1e39])
+
+
+def test_busy_rows_hold_their_samples_in_float32() -> None:
+    # The memory of a server that takes traffic: its window and the sorted copy its snapshot
+    # shares as knots are float32, half of float64's bytes (what the dtype is there for).
+    book = make_book(exp_quantiles_ms(1.0, 512), 2, window_size=512, group=None)
+    book.observe_many("s0", np.random.default_rng(3).exponential(1.0, 64).tolist())
+    row = book._row_of("s0")
+    assert row.window.dtype == row.sorted.dtype == np.float32
+    assert row.window.nbytes == 512 * 4
+    assert np.shares_memory(book.cdf_of("s0")._knots_ms, row.sorted)  # shared, not a copy
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_quantiles_over_bracketing_pairs_are_np_interps(tied: bool) -> None:
+    # quantile and quantiles interpolate over the pair around each level alone (no float64
+    # copy of the float32 knots a call): np.interp over the whole body, to its last bits.
+    rng = np.random.default_rng(11)
+    samples = rng.lognormal(0.0, 0.7, 2000).astype(np.float32)
+    if tied:
+        samples = np.round(samples, 1)  # runs of equal values: the tie path's knots
+    cdf = LatencyCdf.from_samples(samples)
+    knots = cdf._knots_ms.astype(np.float64)
+    levels = [0.0, 1e-4, 0.1, 0.5, 0.9, 0.99, 0.999, 1 - 1e-9, 1.0]
+    # the levels of the knots themselves, where a bracket's ends meet
+    levels += (-np.expm1(-cdf._neg_log_sf[[0, 1, 7, -2, -1]])).tolist()
+    for q in levels:
+        level = -math.log1p(-q) if q < 1.0 else math.inf
+        if cdf._neg_log_sf[0] < level <= cdf._neg_log_sf[-1]:
+            expected = float(np.interp(level, cdf._neg_log_sf, knots))
+            assert cdf.quantile(q) == pytest.approx(expected, rel=1e-15, abs=0.0)
+    assert cdf.quantiles(levels) == pytest.approx([cdf.quantile(q) for q in levels], rel=1e-15)
 
 
 # ----- registration ------------------------------------------------------------------------
@@ -505,7 +546,8 @@ def test_servers_of_pools_registering_in_turn_share_their_pools_slot() -> None:
     assert len({book.row_key(f"m{i}") for i in range(2 * len(many))}) == 2 * len(many)
     for i in range(2 * len(many)):
         np.testing.assert_array_equal(
-            np.sort(book._row_of(f"m{i}").window), np.sort(many[i % len(many)])
+            np.sort(book._row_of(f"m{i}").window),
+            np.sort(many[i % len(many)]).astype(cdf_mod.SAMPLE_DTYPE),
         )
     assert len(book._seeded) == cdf_mod.SEEDED_PRIORS
 
