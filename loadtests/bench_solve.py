@@ -28,13 +28,18 @@ from gateway.deadlines import DeadlineEstimator
 
 
 def build_book(
-    n_servers: int, samples: int, rng: np.random.Generator, book_type: type = CdfBook
+    n_servers: int,
+    samples: int,
+    rng: np.random.Generator,
+    book_type: type = CdfBook,
+    ids: Sequence[str] | None = None,
 ) -> CdfBook:
-    """A book whose servers each own a distinct lognormal prior (median 0.4-2.7 ms)."""
+    """A book whose servers each own a distinct lognormal prior (median 0.4-2.7 ms),
+    registered under `ids` (these string objects) or srv-0, srv-1, ..."""
     book = book_type(window_size=samples)
     for i in range(n_servers):
         prior_ms = rng.lognormal(rng.uniform(-1.0, 1.0), rng.uniform(0.3, 0.9), samples)
-        book.add_server(f"srv-{i}", prior_ms)
+        book.add_server(f"srv-{i}" if ids is None else ids[i], prior_ms)
     return book
 
 
@@ -152,7 +157,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
 
     start = time.perf_counter()
-    book = build_book(args.servers, args.samples, rng)
+    registered = [f"srv-{i}" for i in range(args.servers)]
+    book = build_book(args.servers, args.samples, rng, ids=registered)
     print(
         f"built {args.servers} servers x {args.samples} samples in "
         f"{time.perf_counter() - start:.2f} s"
@@ -168,6 +174,18 @@ def main(argv: Sequence[str] | None = None) -> None:
             book.solve(chosen, p)
         us = time_calls_us([partial(book.solve, chosen, p) for chosen in picks])
         report(f"solve x_{p:g}^u  k={k} (fresh servers each call)", us)
+
+    # The ids above are equal strings, not the objects registered: each is compared by its
+    # bytes. A gateway's links pass the very strings they registered (gateway.server_registry),
+    # which the book's index matches by identity.
+    for k in fanouts:
+        if k > args.servers:
+            continue
+        picks = fresh_picks(rng, registered, k, args.repeats)
+        for chosen in picks[:50]:  # warm-up
+            book.solve(chosen, p)
+        us = time_calls_us([partial(book.solve, chosen, p) for chosen in picks])
+        report(f"solve x_{p:g}^u  k={k} (the same, registered id objects)", us)
 
     for k in fanouts:
         if k > args.servers:
