@@ -25,6 +25,11 @@ before its handler starts (in the client's figure, with the wire and the servers
 
     python -m loadtests.bench_http [--seconds 10] [--fanout 100] [--clients 32]
         [--servers 100] [--per-process 25] [--sweep-fanout 10] [--no-sweep] [--config FILE]
+        [--isolate]
+
+With ``--isolate`` the gateway runs on a CPU of its own and everything else on the others
+(Linux CPU affinity): what the gateway adds without the preemptions of the processes beside
+it, as on a machine of its own. The task servers and the load then have one CPU fewer.
 
 The queries go to pool ``default``, where the servers register; a configuration given with
 ``--config`` must keep that pool.
@@ -115,6 +120,7 @@ class Gateway:
         *,
         config: str | None = None,
         busy: int | None = None,
+        isolate: bool = False,
     ) -> None:
         self.servers = servers
         self.per_process = max(1, min(per_process, servers))
@@ -124,9 +130,17 @@ class Gateway:
         self.busy = servers if busy is None else max(0, min(busy, servers))
         """The first `busy` servers register in pool `default`, the others in pool
         `spare` (which the configuration must name): registered, never queried."""
+        self.isolate = isolate
+        """The gateway on a CPU of its own (the last this process may use), the task servers
+        and this process on the others: its figures without their preemptions, as on a
+        machine of its own (Linux; at least 2 CPUs)."""
+        self._affinity: set[int] | None = None
+        """This process's CPUs before an isolated start (restored on exit)."""
         self.proc: asyncio.subprocess.Process | None = None
         self.fleet: list[asyncio.subprocess.Process] = []
         self.url = ""
+        self.gateway_cpus: set[int] | None = None
+        """The CPUs the gateway may run on, when isolated."""
 
     async def __aenter__(self) -> Gateway:
         try:
@@ -141,9 +155,23 @@ class Gateway:
         # History in memory: nothing is left behind in the working directory.
         argv = [*tailgate_argv(self.config, log_level="ERROR"), "gateway", "--port", "0"]
         argv += ["--storage-url", ""]
-        self.proc = await asyncio.create_subprocess_exec(
-            *argv, stdout=asyncio.subprocess.PIPE, env=env
-        )
+        rest: set[int] | None = None
+        if self.isolate:
+            # A child inherits its parent's CPUs at fork: this (main) thread takes the
+            # gateway's CPU to start it, then the others, for the servers and itself.
+            cpus = sorted(os.sched_getaffinity(0))
+            if len(cpus) < 2:
+                raise RuntimeError(f"isolate: needs at least 2 CPUs, this process has {cpus}")
+            self._affinity = set(cpus)
+            self.gateway_cpus, rest = {cpus[-1]}, set(cpus[:-1])
+            os.sched_setaffinity(0, self.gateway_cpus)
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                *argv, stdout=asyncio.subprocess.PIPE, env=env
+            )
+        finally:
+            if rest is not None:
+                os.sched_setaffinity(0, rest)
         assert self.proc.stdout is not None
         self.url = json.loads(await asyncio.wait_for(self.proc.stdout.readline(), 30))["url"]
         left, n = self.servers, 0
@@ -207,6 +235,9 @@ class Gateway:
             except TimeoutError:
                 p.kill()
                 await p.wait()
+        if self._affinity is not None:
+            os.sched_setaffinity(0, self._affinity)
+            self._affinity = None
 
 
 def stop_on_sigterm() -> None:
@@ -360,7 +391,11 @@ async def main_async(args: argparse.Namespace) -> None:
         f"gateway + {args.servers} emulated task servers (zero service time, "
         f"{args.per_process} a process); load from this process over HTTP"
     )
-    async with Gateway(args.servers, args.per_process, config=args.config) as gw:
+    gateway = Gateway(args.servers, args.per_process, config=args.config, isolate=args.isolate)
+    async with gateway as gw:
+        if gw.gateway_cpus is not None:
+            others = sorted(os.sched_getaffinity(0))
+            print(f"gateway on CPU {sorted(gw.gateway_cpus)}; task servers and load on {others}")
         w = await closed_loop(gw, args.fanout, args.clients, args.seconds)
         print(f"\nclosed loop: fanout {args.fanout}, {args.clients} clients, {w.seconds:.1f} s")
         print("  queries/s   tasks/s   failed   gateway CPU   gateway-added µs   client µs")
@@ -405,9 +440,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--step-seconds", type=float, default=5.0)
     parser.add_argument("--limit-ms", type=float, default=LIMIT_MS)
     parser.add_argument("--config", help="the gateway's tailgate.toml (default: built-in)")
+    parser.add_argument(
+        "--isolate",
+        action="store_true",
+        help="the gateway on a CPU of its own, task servers and load on the others",
+    )
     args = parser.parse_args(argv)
     if max(args.fanout, args.sweep_fanout if args.sweep else 1) > args.servers:
         parser.error("--fanout and --sweep-fanout must not exceed --servers")
+    if args.isolate and len(os.sched_getaffinity(0)) < 2:
+        parser.error("--isolate needs at least 2 CPUs")
     try:
         import uvloop
 

@@ -131,3 +131,21 @@ def test_a_scale_run_refuses_busy_with_a_configuration_without_pool_spare(
     )  # fmt: skip
     assert out.returncode == 2
     assert "must name the pools default and spare" in out.stderr
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="isolating needs 2 CPUs")
+async def test_an_isolated_run_gives_the_gateway_a_cpu_of_its_own() -> None:
+    # `bench_http --isolate`: the gateway on the last CPU, the task servers and the
+    # benchmark itself on the others; the benchmark's own CPUs come back on exit.
+    from loadtests.bench_http import Gateway
+
+    before = os.sched_getaffinity(0)
+    last = max(before)
+    async with Gateway(3, 2, isolate=True) as gw:
+        assert gw.proc is not None and gw.gateway_cpus == {last}
+        assert os.sched_getaffinity(gw.proc.pid) == {last}
+        for p in gw.fleet:
+            assert os.sched_getaffinity(p.pid) == before - {last}
+        assert os.sched_getaffinity(0) == before - {last}
+    assert os.sched_getaffinity(0) == before
