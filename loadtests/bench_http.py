@@ -52,7 +52,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from loadtests.procs import cpu_seconds, io_syscalls
+from loadtests.procs import CpuSplit, cpu_seconds, io_syscalls
 from taskserver.spawn import tailgate_argv, taskserver_argv
 
 QUERY_CLASS = "C"
@@ -134,8 +134,8 @@ class Gateway:
         """The gateway on a CPU of its own (the last this process may use), the task servers
         and this process on the others: its figures without their preemptions, as on a
         machine of its own (Linux; at least 2 CPUs)."""
-        self._affinity: set[int] | None = None
-        """This process's CPUs before an isolated start (restored on exit)."""
+        self._split: CpuSplit | None = None
+        """The CPUs of an isolated run (this process's restored on exit)."""
         self.proc: asyncio.subprocess.Process | None = None
         self.fleet: list[asyncio.subprocess.Process] = []
         self.url = ""
@@ -155,23 +155,13 @@ class Gateway:
         # History in memory: nothing is left behind in the working directory.
         argv = [*tailgate_argv(self.config, log_level="ERROR"), "gateway", "--port", "0"]
         argv += ["--storage-url", ""]
-        rest: set[int] | None = None
         if self.isolate:
-            # A child inherits its parent's CPUs at fork: this (main) thread takes the
-            # gateway's CPU to start it, then the others, for the servers and itself.
-            cpus = sorted(os.sched_getaffinity(0))
-            if len(cpus) < 2:
-                raise RuntimeError(f"isolate: needs at least 2 CPUs, this process has {cpus}")
-            self._affinity = set(cpus)
-            self.gateway_cpus, rest = {cpus[-1]}, set(cpus[:-1])
-            os.sched_setaffinity(0, self.gateway_cpus)
-        try:
+            self._split = CpuSplit()
+            self.gateway_cpus = self._split.own_cpus
+        with self._split.own() if self._split is not None else contextlib.nullcontext():
             self.proc = await asyncio.create_subprocess_exec(
                 *argv, stdout=asyncio.subprocess.PIPE, env=env
             )
-        finally:
-            if rest is not None:
-                os.sched_setaffinity(0, rest)
         assert self.proc.stdout is not None
         self.url = json.loads(await asyncio.wait_for(self.proc.stdout.readline(), 30))["url"]
         left, n = self.servers, 0
@@ -235,9 +225,9 @@ class Gateway:
             except TimeoutError:
                 p.kill()
                 await p.wait()
-        if self._affinity is not None:
-            os.sched_setaffinity(0, self._affinity)
-            self._affinity = None
+        if self._split is not None:
+            self._split.restore()
+            self._split = None
 
 
 def stop_on_sigterm() -> None:

@@ -21,22 +21,27 @@ for the CPU, so latency_ms and the client figure grow with k for reasons that
 have nothing to do with the gateway; the first two figures do not.
 
     python -m loadtests.bench_latency [--queries 2000] [--fanouts 1,10,100]
+        [--per-process 1] [--isolate]
+
+The k servers run one to a process unless ``--per-process`` hosts several in one (fewer
+processes beside the gateway on a small machine). With ``--isolate`` the gateway runs on a
+CPU of its own and the servers and this client on the others (Linux CPU affinity): the
+gateway's figures without their preemptions, as on a machine of its own. The gateway keeps
+its history in memory: nothing is left in the working directory.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import signal
 import statistics
-import sys
 import time
 
 import aiohttp
 
-from loadtests.procs import ServerProcs, cpu_seconds, io_syscalls
+from loadtests.bench_http import Gateway
+from loadtests.procs import START_S, START_S_PER_SERVER, cpu_seconds, io_syscalls
 
 
 def _pct(xs: list[float], p: float) -> float:
@@ -44,65 +49,42 @@ def _pct(xs: list[float], p: float) -> float:
     return xs[min(len(xs) - 1, int(p / 100.0 * len(xs)))]
 
 
-async def _start_gateway() -> tuple[asyncio.subprocess.Process, str]:
-    p = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "deploy.cli",
-        "--log-level",
-        "WARNING",
-        "gateway",
-        "--port",
-        "0",
-        stdout=asyncio.subprocess.PIPE,
-        env=dict(os.environ, PYTHONUNBUFFERED="1"),
-    )
-    assert p.stdout is not None
-    info = json.loads(await asyncio.wait_for(p.stdout.readline(), 20))
-    return p, info["url"]
-
-
-async def measure(fanout: int, queries: int) -> dict[str, float]:
+async def measure(
+    fanout: int, queries: int, per_process: int = 1, isolate: bool = False
+) -> dict[str, float]:
     """Run `queries` sequential queries of this fanout; return percentiles in µs."""
-    gw, url = await _start_gateway()
-    try:
-        async with (
-            ServerProcs(
-                fanout, ["--service-kind", "constant", "--service-value-ms", "0", "--slots", "4"]
-            ) as sp,
-            aiohttp.ClientSession() as http,
-        ):
-            for sid, addr in sp.addresses.items():
-                body = {"id": sid, "address": addr, "pool": "default", "slots": 4}
-                async with http.post(url + "/v1/servers", json=body) as r:
-                    assert r.status in (200, 201), await r.text()
-            await asyncio.sleep(1.0)
-            q = {"class": "C", "targets": {"pool": "default", "all": True}}
-            added: list[float] = []
-            parts: list[tuple[float, float]] = []
-            internal: list[float] = []
-            client: list[float] = []
-            for i in range(queries + 200):
-                if i == 200:
-                    cpu0, io0 = cpu_seconds(gw.pid), io_syscalls(gw.pid)
-                t0 = time.perf_counter()
-                async with http.post(url + "/v1/queries", json=q) as r:
-                    ans = await r.json()
-                elapsed_us = (time.perf_counter() - t0) * 1e6
-                if r.status != 200:
-                    raise RuntimeError(f"query failed: {ans}")
-                if i < 200:
-                    continue  # warm-up
-                internal.append(ans["latency_ms"] * 1000.0)
-                added.append((ans["dispatch_ms"] + ans["merge_ms"]) * 1000.0)
-                parts.append((ans["dispatch_ms"] * 1000.0, ans["merge_ms"] * 1000.0))
-                client.append(elapsed_us)
-                await asyncio.sleep(0.001)
-            cpu_us = (cpu_seconds(gw.pid) - cpu0) / queries * 1e6
-            io1 = io_syscalls(gw.pid)
-    finally:
-        gw.send_signal(signal.SIGTERM)
-        await gw.wait()
+    processes = -(-fanout // max(per_process, 1))
+    up_s = START_S + START_S_PER_SERVER * processes  # as ServerProcs allows
+    async with (
+        Gateway(fanout, per_process, up_s, isolate=isolate) as gw,
+        aiohttp.ClientSession() as http,
+    ):
+        assert gw.proc is not None
+        url = gw.url
+        await asyncio.sleep(1.0)
+        q = {"class": "C", "targets": {"pool": "default", "all": True}}
+        added: list[float] = []
+        parts: list[tuple[float, float]] = []
+        internal: list[float] = []
+        client: list[float] = []
+        for i in range(queries + 200):
+            if i == 200:
+                cpu0, io0 = cpu_seconds(gw.proc.pid), io_syscalls(gw.proc.pid)
+            t0 = time.perf_counter()
+            async with http.post(url + "/v1/queries", json=q) as r:
+                ans = await r.json()
+            elapsed_us = (time.perf_counter() - t0) * 1e6
+            if r.status != 200:
+                raise RuntimeError(f"query failed: {ans}")
+            if i < 200:
+                continue  # warm-up
+            internal.append(ans["latency_ms"] * 1000.0)
+            added.append((ans["dispatch_ms"] + ans["merge_ms"]) * 1000.0)
+            parts.append((ans["dispatch_ms"] * 1000.0, ans["merge_ms"] * 1000.0))
+            client.append(elapsed_us)
+            await asyncio.sleep(0.001)
+        cpu_us = (cpu_seconds(gw.proc.pid) - cpu0) / queries * 1e6
+        io1 = io_syscalls(gw.proc.pid)
     return {
         "added_p50": statistics.median(added),
         "added_p99": _pct(added, 99),
@@ -123,8 +105,10 @@ async def measure(fanout: int, queries: int) -> dict[str, float]:
 async def main_async(args: argparse.Namespace) -> None:
     print("all figures in µs   gateway-added      gateway CPU   latency_ms         client")
     print("fanout              p50 /   p99        per query     p50 /   p99        p50 /   p99")
+    if args.isolate:
+        print("the gateway on a CPU of its own; task servers and this client on the others")
     for k in args.fanouts:
-        m = await measure(k, args.queries)
+        m = await measure(k, args.queries, args.per_process, args.isolate)
         print(
             f"{k:>6}          {m['added_p50']:>7.0f} / {m['added_p99']:>5.0f}   "
             f"{m['cpu']:>9.0f}       {m['internal_p50']:>5.0f} / {m['internal_p99']:>5.0f}   "
@@ -143,7 +127,19 @@ def main() -> None:
     parser.add_argument(
         "--fanouts", default="1,10,100", type=lambda s: [int(x) for x in s.split(",") if x]
     )
+    parser.add_argument(
+        "--per-process", type=int, default=1, help="task servers a process (1: one each)"
+    )
+    parser.add_argument(
+        "--isolate",
+        action="store_true",
+        help="the gateway on a CPU of its own, task servers and client on the others",
+    )
     args = parser.parse_args()
+    if args.per_process < 1 or args.queries < 1 or not args.fanouts or min(args.fanouts) < 1:
+        parser.error("--per-process, --queries and every fanout must be >= 1")
+    if args.isolate and len(os.sched_getaffinity(0)) < 2:
+        parser.error("--isolate needs at least 2 CPUs")
     asyncio.run(main_async(args))
 
 

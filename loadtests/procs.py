@@ -7,7 +7,7 @@ import contextlib
 import json
 import os
 import signal
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from taskserver.spawn import taskserver_argv
 
@@ -95,3 +95,35 @@ def io_syscalls(pid: int) -> tuple[int, int]:
             name, _, value = line.partition(":")
             fields[name] = int(value)
     return fields["syscr"], fields["syscw"]
+
+
+class CpuSplit:
+    """The last CPU this process may use for one child (a gateway), the others for this
+    process and the children it starts after it (Linux CPU affinity; at least 2 CPUs).
+
+    A child inherits the CPUs of the thread that starts it, so the child started inside
+    `own()` runs on the last CPU alone; on leaving it, this (calling) thread keeps the
+    others. `restore()` gives this thread back the CPUs it had."""
+
+    def __init__(self) -> None:
+        cpus = sorted(os.sched_getaffinity(0))
+        if len(cpus) < 2:
+            raise RuntimeError(f"a CPU of its own needs at least 2 CPUs, this process has {cpus}")
+        self.before = set(cpus)
+        self.own_cpus = {cpus[-1]}
+        """The child's CPU."""
+        self.rest = set(cpus[:-1])
+        """This process's and its later children's."""
+
+    @contextlib.contextmanager
+    def own(self) -> Iterator[None]:
+        """Start the child inside: it runs on `own_cpus`; this thread on `rest` after."""
+        os.sched_setaffinity(0, self.own_cpus)
+        try:
+            yield
+        finally:
+            os.sched_setaffinity(0, self.rest)
+
+    def restore(self) -> None:
+        """This thread's CPUs as before."""
+        os.sched_setaffinity(0, self.before)

@@ -149,3 +149,18 @@ async def test_an_isolated_run_gives_the_gateway_a_cpu_of_its_own() -> None:
             assert os.sched_getaffinity(p.pid) == before - {last}
         assert os.sched_getaffinity(0) == before - {last}
     assert os.sched_getaffinity(0) == before
+
+
+@pytest.mark.timeout(90)
+async def test_a_latency_run_measures_its_queries_and_leaves_nothing_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # bench_latency through the benchmarks' Gateway: servers hosted several to a process,
+    # its history in memory (an SQLite file in the working directory before).
+    from loadtests.bench_latency import measure
+
+    monkeypatch.chdir(tmp_path)
+    m = await measure(3, 20, per_process=2)
+    assert 0 < m["dispatch_p50"] <= m["added_p50"] and m["cpu"] > 0
+    assert m["reads"] > 0 and m["writes"] > 0
+    assert os.listdir(tmp_path) == []
