@@ -392,3 +392,33 @@ def _slo_exit_code(environment: Environment, **_: Any) -> None:
     if missed and environment.process_exit_code is None and not environment.stats.errors:
         log.error("class(es) %s missed their SLO", ", ".join(sorted(missed)))
         environment.process_exit_code = 3
+
+
+_environment: list[Environment] = []
+"""The run's Environment (Locust's quit event passes only the exit code)."""
+
+
+@events.init.add_listener
+def _keep_environment(environment: Environment, **_: Any) -> None:
+    _environment[:] = [environment]
+
+
+@events.quit.add_listener
+def _write_final_stats(exit_code: int, **_: Any) -> None:
+    """With ``--csv PREFIX``, the run's final stats in ``PREFIX_final.json``: every request
+    and SLO row (Locust's serialized entries) and every error, with the exit code. Locust
+    writes its CSV files every second while the run goes and not again at the end, so on
+    a busy machine they can miss the run's last second, or all of a short run."""
+    if not _environment:
+        return
+    environment = _environment[0]
+    prefix = getattr(environment.parsed_options, "csv_prefix", None)
+    if not prefix or isinstance(environment.runner, WorkerRunner):
+        return
+    final = {
+        "exit_code": exit_code,
+        "stats": environment.stats.serialize_stats(),
+        "errors": list(environment.stats.serialize_errors().values()),
+    }
+    with open(f"{prefix}_final.json", "w", encoding="utf-8") as f:
+        json.dump(final, f, indent=1)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import importlib.util
+import json
 import os
 import signal
 import subprocess
@@ -15,6 +16,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -104,6 +106,14 @@ def stats_rows(csv_prefix: Path) -> list[dict[str, str]]:
         return [r for r in csv.DictReader(f) if r["Name"] != "Aggregated"]
 
 
+def final_stats(csv_prefix: Path) -> dict[str, Any]:
+    """<prefix>_final.json: the run's stats as they ended (the locustfile writes it at exit;
+    Locust's CSV files are its last once-a-second snapshot, which on a busy machine can
+    predate a short run's requests)."""
+    with open(f"{csv_prefix}_final.json", encoding="utf-8") as f:
+        return json.load(f)
+
+
 def test_closed_loop_fanout_and_saas_mixes_report_per_class_slo_outcomes(
     gateway_url: str, tmp_path: Path
 ) -> None:
@@ -121,6 +131,11 @@ def test_closed_loop_fanout_and_saas_mixes_report_per_class_slo_outcomes(
     assert slo[("SLO class A", "met")] > 0 and slo[("SLO class B", "met")] > 0
     # One SLO outcome per query: the SLO rows add up to the HTTP rows.
     assert sum(slo.values()) == sum(http.values())
+    # The final stats (written at exit) hold at least the CSV's last snapshot.
+    final = final_stats(out)
+    assert final["exit_code"] == 0 and final["errors"] == []
+    ended = {e["name"]: e["num_requests"] for e in final["stats"] if e["method"] == "POST"}
+    assert all(ended[name] >= n for name, n in http.items()), (ended, http)
     assert [r for r in rows if int(r["Failure Count"])] == []
     with open(f"{out}_failures.csv", newline="") as f:
         assert list(csv.DictReader(f)) == []
@@ -143,7 +158,8 @@ def test_open_loop_arrivals_keep_their_rate(gateway_url: str, tmp_path: Path) ->
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     rows = stats_rows(out)
-    sent = sum(int(r["Request Count"]) for r in rows if r["Type"] == "POST")
+    # What was sent in the whole run: the CSV is Locust's last once-a-second snapshot.
+    sent = sum(e["num_requests"] for e in final_stats(out)["stats"] if e["method"] == "POST")
     # Poisson arrivals: 240 expected; the bounds leave room for a slow start on a busy host.
     assert 0.5 * rate * seconds <= sent <= 1.4 * rate * seconds, sent
     assert {r["Name"] for r in rows if r["Type"] == "POST"} <= {
@@ -164,10 +180,11 @@ def test_with_its_api_key_locust_loads_a_gateway_whose_queries_need_one(tmp_path
     with tailgate_up(tmp_path, "--config", str(config), up_args=("--servers", "2")) as url:
         refused = run_locust(url, tmp_path / "nokey", "-u", "2", "-r", "2", "-t", "3s")
         assert refused.returncode == 1, refused.stdout[-2000:] + refused.stderr[-2000:]
-        failures = [r for r in stats_rows(tmp_path / "nokey") if int(r["Failure Count"])]
-        assert failures and all(r["Type"] == "POST" for r in failures)
-        with open(f"{tmp_path / 'nokey'}_failures.csv", newline="") as f:
-            errors = [row["Error"] for row in csv.DictReader(f)]
+        final = final_stats(tmp_path / "nokey")
+        assert final["exit_code"] == 1
+        failures = [e for e in final["stats"] if e["num_failures"]]
+        assert failures and all(e["method"] == "POST" for e in failures)
+        errors = [e["error"] for e in final["errors"]]
         # 401s, then 429 slowed_down: the gateway slows a client that keeps failing auth.
         assert any("HTTP 401" in e for e in errors), errors
         assert all("HTTP 401" in e or "HTTP 429 slowed_down" in e for e in errors), errors
@@ -176,6 +193,6 @@ def test_with_its_api_key_locust_loads_a_gateway_whose_queries_need_one(tmp_path
             "--api-key", "acme-locust-key-0123456789abcdef",
         )  # fmt: skip
         assert keyed.returncode == 0, keyed.stdout[-2000:] + keyed.stderr[-2000:]
-        rows = stats_rows(tmp_path / "key")
-        assert sum(int(r["Request Count"]) for r in rows if r["Type"] == "POST") > 0
-        assert [r for r in rows if int(r["Failure Count"])] == []
+        final = final_stats(tmp_path / "key")
+        assert sum(e["num_requests"] for e in final["stats"] if e["method"] == "POST") > 0
+        assert [e for e in final["stats"] if e["num_failures"]] == final["errors"] == []
