@@ -103,10 +103,10 @@ async def measure(
 
 
 async def main_async(args: argparse.Namespace) -> None:
-    print("all figures in µs   gateway-added      gateway CPU   latency_ms         client")
-    print("fanout              p50 /   p99        per query     p50 /   p99        p50 /   p99")
     if args.isolate:
         print("the gateway on a CPU of its own; task servers and this client on the others")
+    print("all figures in µs   gateway-added      gateway CPU   latency_ms         client")
+    print("fanout              p50 /   p99        per query     p50 /   p99        p50 /   p99")
     for k in args.fanouts:
         m = await measure(k, args.queries, args.per_process, args.isolate)
         print(
