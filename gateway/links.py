@@ -396,6 +396,72 @@ class TaskLink(Protocol):
 class ServerLink:
     """The gateway's connection to one task server (a `TaskLink`)."""
 
+    # Slots, not a __dict__: a query touches the link of every task it fans out to, one
+    # link after another, on the dispatch and on the result; with the attributes in the
+    # object itself each link costs fewer cold cache lines (bench_latency, fanout 100:
+    # resolve, the up check and dispatch each ~20-50% faster) and ~2 KB less memory.
+    __slots__ = (
+        "_backoff",
+        "_busy_since",
+        "_closing",
+        "_conn",
+        "_down_since",
+        "_idle_waiters",
+        "_last_heard_s",
+        "_lost_exc",
+        "_poll_now",
+        "_repoll",
+        "_results",
+        "_retry",
+        "_rng",
+        "_runner",
+        "_silent",
+        "_stretched",
+        "_t",
+        "_types",
+        "_up",
+        "_watched",
+        "central",
+        "claim_error",
+        "clock",
+        "cluster",
+        "draining",
+        "executor",
+        "frontends",
+        "frontends_s",
+        "gateway_id",
+        "heartbeat_s",
+        "heartbeat_timeout_s",
+        "host",
+        "last_error",
+        "limits",
+        "load_per_s",
+        "on_change",
+        "on_dequeue",
+        "on_failure",
+        "on_result",
+        "on_results",
+        "on_violation",
+        "outstanding",
+        "owner",
+        "policy",
+        "pool",
+        "port",
+        "queue",
+        "quiet_period",
+        "registered_s",
+        "results",
+        "round_trips",
+        "server_draining",
+        "server_id",
+        "server_name",
+        "slots",
+        "state",
+        "tasks_sent",
+        "tls",
+        "token",
+    )
+
     def __init__(
         self,
         server_id: str,
@@ -917,8 +983,9 @@ class ServerLink:
         if self.state != "up" or self._conn is None or self._conn.closed:
             raise LinkDown(f"server {self.server_id} is {self.state}: {self.last_error}")
         qid = p.run.query_id
+        now = self.clock()  # one read: the busy mark and the budgets
         if not self.outstanding:
-            self._busy_since = self.clock()
+            self._busy_since = now
             if self._stretched and not self._watched:
                 # A quiet server given work: its results stand in for the heartbeat, and the
                 # busy watch (not a wake-up of the heartbeat's task, nor a timer of its own,
@@ -928,9 +995,9 @@ class ServerLink:
                 busy_watch().add(self)
         self.outstanding[qid] = p
         if self.queue is None:
-            self._send(p, self.clock())
+            self._send(p, now)
             return
-        self.queue.push(p, self.clock())
+        self.queue.push(p, now)
         self._pump()
 
     def _watch_due(self) -> bool:

@@ -291,6 +291,29 @@ class ThriftConnection(asyncio.Protocol):
     burst of tasks or results costs one syscall, not one per message.
     """
 
+    # Slots, not a __dict__: every task and every result frame reads the connection's
+    # state, on the gateway for each of a fanout's links in turn (see gateway.links.ServerLink).
+    __slots__ = (
+        "_batcher",
+        "_body_types",
+        "_buf",
+        "_calls",
+        "_fast_decode",
+        "_flush_scheduled",
+        "_items",
+        "_limits",
+        "_max_frame",
+        "_on_fast",
+        "_on_lost",
+        "_on_message",
+        "_on_violation",
+        "_out",
+        "_seqid",
+        "closed",
+        "transport",
+        "violation",
+    )
+
     def __init__(
         self,
         body_types: dict[tuple[str, int], type],
