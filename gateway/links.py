@@ -401,6 +401,7 @@ class ServerLink:
     # object itself each link costs fewer cold cache lines (bench_latency, fanout 100:
     # resolve, the up check and dispatch each ~20-50% faster) and ~2 KB less memory.
     __slots__ = (
+        "__weakref__",  # a weak reference tells whether a closed one was freed (tests)
         "_backoff",
         "_busy_since",
         "_closing",

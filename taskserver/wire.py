@@ -294,6 +294,7 @@ class ThriftConnection(asyncio.Protocol):
     # Slots, not a __dict__: every task and every result frame reads the connection's
     # state, on the gateway for each of a fanout's links in turn (see gateway.links.ServerLink).
     __slots__ = (
+        "__weakref__",  # a weak reference tells whether a closed one was freed (tests)
         "_batcher",
         "_body_types",
         "_buf",
